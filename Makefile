@@ -1,0 +1,56 @@
+# Two commands on a fresh machine (Python >= 3.11): `make book` and `make test`.
+# Both create .venv when it is missing and install requirements.txt and gmlib;
+# the second time they reuse it (the install re-runs only when requirements change).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard book/[0-9][0-9]_*.ipynb)) book/template.ipynb
+export JAX_PLATFORMS ?= cpu
+export PYTHONHASHSEED := 0
+
+.PHONY: book test strict bench twins clean help
+
+help:
+	@echo "make book   build the HTML book into _build/html (executes every chapter)"
+	@echo "make test   unit tests, notebook twins, every notebook through nbval"
+	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
+	@echo "make bench  the benchmark table (ratios against baselines measured in the same run)"
+	@echo "make twins  regenerate each chapter's .ipynb from its MyST .md twin"
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+# jupyter-cache keys on notebook code only: clear it whenever gmlib changes.
+_build/.gmlib-stamp: $(wildcard gmlib/*.py)
+	rm -rf _build/.jupyter_cache
+	mkdir -p _build && touch $@
+
+book: $(STAMP) _build/.gmlib-stamp
+	$(BIN)/jupyter-book build . --builder html
+	@echo ""
+	@echo "The book is at: file://$(CURDIR)/_build/html/index.html"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=600 -q
+
+strict: $(STAMP)
+	rm -rf _build
+	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+twins: $(STAMP)
+	for md in book/[0-9][0-9]_*.md book/template.md; do \
+		$(BIN)/jupytext --to ipynb --update-metadata '{"jupytext": null}' "$$md" -o "$${md%.md}.ipynb" >/dev/null || exit 1; \
+	done
+
+clean:
+	rm -rf _build

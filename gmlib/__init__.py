@@ -1,0 +1,34 @@
+"""gmlib: softmax attention on Gaussian mixtures, in JAX.
+
+The library behind the book *Softmax attention over Gaussian mixtures*, after
+Gabet, Boursier and Boyer, "Softmax Attention on Gaussian Mixtures: Linear When
+It Can, Selective When It Must" (arXiv:2610.11798).
+
+Submodules: :mod:`gmlib.lda` (LDA with one head), :mod:`gmlib.denoise`
+(denoising), :mod:`gmlib.plotting` (the book's figure style).
+"""
+
+from gmlib.attention import (
+    gates,
+    linear_attention,
+    population_attention,
+    population_linear_attention,
+    softmax_attention,
+)
+from gmlib.mixture import GaussianMixture, psd_sqrt
+from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GaussianMixture",
+    "gates",
+    "gauss_hermite",
+    "linear_attention",
+    "mixture_expectation",
+    "monte_carlo_expectation",
+    "population_attention",
+    "population_linear_attention",
+    "psd_sqrt",
+    "softmax_attention",
+]

@@ -1,0 +1,284 @@
+r"""Softmax and linear attention, on finite prompts and in the infinite-prompt limit.
+
+Conventions (NOTES §0). A head has an interaction matrix :math:`U` (D × D) and a
+value matrix :math:`V` (D_out × D). The score of a token :math:`z'` for a query
+:math:`z` is :math:`z'^\top U z = \langle U z, z' \rangle` (no :math:`1/\sqrt d`).
+Softmax attention on a probability measure :math:`\mu` (eq 1) is
+
+.. math::
+
+    T_{U,V}[\mu](z) = \frac{\int e^{z'^\top U z}\, V z' \, d\mu(z')}{\int e^{z'^\top U z}\, d\mu(z')},
+
+which on the empirical measure of L tokens is ordinary softmax attention, and
+as :math:`L \to \infty` converges to the *population* operator on the law of the tokens.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from gmlib import _checks as C
+from gmlib.mixture import GaussianMixture
+
+__all__ = [
+    "softmax_attention",
+    "linear_attention",
+    "gates",
+    "population_attention",
+    "population_linear_attention",
+]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_head(queries, U, V, dim: int, dtype):
+    """Validate queries (n, D), U (D, D) and V (D_out, D) against the token dimension D."""
+    queries = C.as_float_array(queries, "queries", dtype)
+    U = C.as_float_array(U, "U", dtype)
+    V = C.as_float_array(V, "V", dtype)
+    C.check_shape(queries, "queries", (None, dim), f"(n, D) with D = {dim} (the token dimension)")
+    C.check_shape(U, "U", (dim, dim), f"(D, D) = ({dim}, {dim}) (the token dimension)")
+    C.check_shape(V, "V", (None, dim), f"(D_out, D) with D = {dim} (the token dimension)")
+    for a, name in ((queries, "queries"), (U, "U"), (V, "V")):
+        C.check_finite(a, name)
+    return queries, U, V
+
+
+def _check_prompt(queries, tokens, U, V):
+    dtype = C.common_float_dtype(queries, tokens, U, V)
+    tokens = C.as_float_array(tokens, "tokens", dtype)
+    C.check_shape(tokens, "tokens", (None, None), "(L, D)")
+    if tokens.shape[0] == 0:
+        raise ValueError("`tokens` must hold at least one token (an empty prompt has no attention); got shape "
+                         f"{tuple(tokens.shape)}")
+    C.check_finite(tokens, "tokens")
+    queries, U, V = _check_head(queries, U, V, tokens.shape[1], dtype)
+    return queries, tokens, U, V
+
+
+def _check_mixture(mixture, queries, U, V=None):
+    if not isinstance(mixture, GaussianMixture):
+        raise ValueError(f"`mixture` must be a GaussianMixture; got {type(mixture).__name__}")
+    dtype = C.common_float_dtype(mixture.means, queries, U, *(() if V is None else (V,)))
+    if dtype != mixture.dtype:
+        mixture = GaussianMixture.tree_unflatten(
+            None, tuple(x.astype(dtype) for x in (mixture.weights, mixture.means, mixture.covs))
+        )
+    queries, U, V = _check_head(queries, U, jnp.zeros((1, mixture.dim), dtype) if V is None else V,
+                                mixture.dim, dtype)
+    return mixture, queries, U, V
+
+
+# ----------------------------------------------------------------------------- finite prompts
+
+
+def softmax_attention(queries, tokens, U, V, *, block_size=None):
+    r"""Softmax attention of ``queries`` over a finite prompt of ``tokens``.
+
+    Let :math:`z` denote a row of ``queries`` (n, D) and :math:`z_1, \dots, z_L` the
+    rows of ``tokens`` (L, D). Then
+
+    .. math::
+
+        T(z) = \sum_{i=1}^L \frac{e^{z_i^\top U z}}{\sum_{j} e^{z_j^\top U z}} \, V z_i .
+
+    Stable for scores of any size (the largest score is subtracted before the
+    exponential). With ``block_size`` the prompt is streamed in blocks of that
+    many tokens with an online softmax (running maximum and rescaled sums), so the
+    n × L score matrix is never held: memory grows with n × block_size, not n × L.
+
+    Args:
+        queries: shape (n, D).
+        tokens: the prompt, shape (L, D), L ≥ 1.
+        U: interaction matrix, shape (D, D).
+        V: value matrix, shape (D_out, D).
+        block_size: ``None`` (one pass over all tokens) or a positive int.
+
+    Returns:
+        array (n, D_out).
+
+    Raises:
+        ValueError: naming the argument, for wrong shapes, non-finite values, an
+            empty prompt or a non-positive ``block_size``.
+
+    Example:
+        >>> out = softmax_attention(q, toks, jnp.eye(2), jnp.eye(2), block_size=4096)
+
+    This is eq 1 of the paper on the empirical measure of the tokens.
+    """
+    if block_size is not None:
+        block_size = C.check_positive_int(block_size, "block_size")
+    queries, tokens, U, V = _check_prompt(queries, tokens, U, V)
+    if block_size is None or block_size >= tokens.shape[0]:
+        return _softmax_dense(queries, tokens, U, V)
+    return _softmax_blocked(queries, tokens, U, V, block_size)
+
+
+@jax.jit
+def _softmax_dense(queries, tokens, U, V):
+    scores = (queries @ U.T) @ tokens.T  # (n, L): z_i^T U z
+    return jax.nn.softmax(scores, axis=-1) @ (tokens @ V.T)
+
+
+@partial(jax.jit, static_argnums=4)
+def _softmax_blocked(queries, tokens, U, V, block_size: int):
+    n, L, D = queries.shape[0], tokens.shape[0], tokens.shape[1]
+    n_blocks = -(-L // block_size)
+    pad = n_blocks * block_size - L
+    blocks = jnp.pad(tokens, ((0, pad), (0, 0))).reshape(n_blocks, block_size, D)
+    valid = (jnp.arange(n_blocks * block_size) < L).reshape(n_blocks, block_size)
+    uq = queries @ U.T  # (n, D)
+
+    def step(carry, block):
+        run_max, run_sum, acc = carry
+        toks, ok = block
+        s = jnp.where(ok[None, :], uq @ toks.T, -jnp.inf)  # (n, B); padding never counts
+        new_max = jnp.maximum(run_max, s.max(axis=-1))
+        rescale = jnp.exp(run_max - new_max)  # 0 on the first block (run_max = -inf)
+        p = jnp.exp(s - new_max[:, None])
+        acc = acc * rescale[:, None] + p @ (toks @ V.T)
+        return (new_max, run_sum * rescale + p.sum(axis=-1), acc), None
+
+    init = (
+        jnp.full((n,), -jnp.inf, queries.dtype),
+        jnp.zeros((n,), queries.dtype),
+        jnp.zeros((n, V.shape[0]), queries.dtype),
+    )
+    (_, total, acc), _ = jax.lax.scan(step, init, (blocks, valid))
+    return acc / total[:, None]
+
+
+def linear_attention(queries, tokens, U, V):
+    r"""Linear attention of ``queries`` over a finite prompt of ``tokens``.
+
+    .. math::
+
+        T_{\mathrm{lin}}(z) = \frac1L \sum_{i=1}^L (z_i^\top U z)\, V z_i
+                            = V \Big(\frac1L \sum_i z_i z_i^\top\Big) U z ,
+
+    computed through the D × D empirical second moment (cost O(L D²), not O(n L D)).
+
+    Args:
+        queries: shape (n, D).
+        tokens: shape (L, D), L ≥ 1.
+        U: shape (D, D).
+        V: shape (D_out, D).
+
+    Returns:
+        array (n, D_out).
+
+    Raises:
+        ValueError: as :func:`softmax_attention`.
+    """
+    queries, tokens, U, V = _check_prompt(queries, tokens, U, V)
+    return _linear(queries, tokens, U, V)
+
+
+@jax.jit
+def _linear(queries, tokens, U, V):
+    moment = tokens.T @ tokens / tokens.shape[0]
+    return queries @ U.T @ moment @ V.T
+
+
+# ----------------------------------------------------------------------------- population (L -> infinity)
+
+
+def gates(mixture, queries, U):
+    r"""The gates :math:`\alpha_k(z)` of softmax attention on a Gaussian mixture (Prop 2.1).
+
+    With :math:`u = U z`,
+
+    .. math::
+
+        \alpha_k(z) = \operatorname{softmax}_k\Big(\log \pi_k + m_k^\top u
+                      + \tfrac12 u^\top \Gamma_k u\Big).
+
+    Computed in log space: stable for any :math:`\|U z\|`.
+
+    Args:
+        mixture: a :class:`GaussianMixture` on :math:`\mathbb R^D` (the prompt's law).
+        queries: shape (n, D).
+        U: shape (D, D).
+
+    Returns:
+        array (n, M): probabilities, each row sums to one.
+    """
+    mixture, queries, U, _ = _check_mixture(mixture, queries, U)
+    return _gates(mixture, queries @ U.T)
+
+
+def _gate_logits(mixture, u):
+    quad = 0.5 * jnp.einsum("nd,kde,ne->nk", u, mixture.covs, u)
+    return jnp.log(mixture.weights)[None, :] + u @ mixture.means.T + quad
+
+
+@jax.jit
+def _gates(mixture, u):
+    return jax.nn.softmax(_gate_logits(mixture, u), axis=-1)
+
+
+def population_attention(mixture, queries, U, V):
+    r"""Softmax attention on the infinite prompt :math:`\mu = \sum_k \pi_k \mathcal N(m_k, \Gamma_k)`.
+
+    The closed form of Prop 2.1: a softmax-gated mixture of affine experts,
+
+    .. math::
+
+        T_{U,V}[\mu](z) = V \sum_{k=1}^M \alpha_k(z)\, (m_k + \Gamma_k U z),
+
+    with the gates :math:`\alpha_k` of :func:`gates`. For one component
+    (a Gaussian prompt) this is the affine map :math:`V(m + \Gamma U z)`. Holds
+    for singular covariances too. Stable for large :math:`\|U z\|` (the gates are
+    computed in log space).
+
+    Args:
+        mixture: a :class:`GaussianMixture` on :math:`\mathbb R^D`.
+        queries: shape (n, D).
+        U: shape (D, D).
+        V: shape (D_out, D).
+
+    Returns:
+        array (n, D_out).
+
+    Raises:
+        ValueError: if ``mixture`` is not a :class:`GaussianMixture`, or for
+            shapes that do not match its dimension, or non-finite values.
+    """
+    mixture, queries, U, V = _check_mixture(mixture, queries, U, V)
+    return _population(mixture, queries, U, V)
+
+
+@jax.jit
+def _population(mixture, queries, U, V):
+    u = queries @ U.T
+    alpha = jax.nn.softmax(_gate_logits(mixture, u), axis=-1)  # (n, M)
+    experts = mixture.means[None, :, :] + jnp.einsum("kde,ne->nkd", mixture.covs, u)  # (n, M, D)
+    return jnp.einsum("nk,nkd->nd", alpha, experts) @ V.T
+
+
+def population_linear_attention(mixture, queries, U, V):
+    r"""Linear attention on the infinite prompt: :math:`T_{\mathrm{lin}}[\mu](z) = V\, \mathbb E[z' z'^\top]\, U z`.
+
+    On a mixture, :math:`T_{\mathrm{lin}}[\mu] = \sum_k \pi_k T_{\mathrm{lin}}[\mu_k]`: the
+    components are weighed by :math:`\pi_k` whatever the query (Prop A.1 and NOTES §2).
+
+    Args:
+        mixture: a :class:`GaussianMixture` on :math:`\mathbb R^D`.
+        queries: shape (n, D).
+        U: shape (D, D).
+        V: shape (D_out, D).
+
+    Returns:
+        array (n, D_out).
+    """
+    mixture, queries, U, V = _check_mixture(mixture, queries, U, V)
+    return _population_linear(mixture, queries, U, V)
+
+
+@jax.jit
+def _population_linear(mixture, queries, U, V):
+    return queries @ U.T @ mixture.second_moment() @ V.T

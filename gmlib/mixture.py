@@ -1,0 +1,222 @@
+"""Gaussian mixtures: the prompts of the book.
+
+A prompt in the infinite-prompt limit is a probability measure on R^D; here it
+is a Gaussian mixture  mu = sum_k pi_k N(m_k, Gamma_k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from gmlib import _checks as C
+
+__all__ = ["GaussianMixture", "psd_sqrt"]
+
+
+def psd_sqrt(mats):
+    r"""A square-root factor :math:`R` with :math:`R R^\top = \Gamma` for PSD ``mats``.
+
+    Works for singular matrices (negative round-off eigenvalues are clipped to 0),
+    so that sampling from a degenerate Gaussian is exact on its support.
+
+    Args:
+        mats: array (..., D, D), symmetric positive semi-definite.
+
+    Returns:
+        array (..., D, D), the symmetric square root :math:`Q \Lambda^{1/2} Q^\top`.
+    """
+    lam, q = jnp.linalg.eigh(mats)
+    return (q * jnp.sqrt(jnp.clip(lam, 0.0))[..., None, :]) @ jnp.swapaxes(q, -1, -2)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclass(frozen=True, eq=False)
+class GaussianMixture:
+    r"""A Gaussian mixture :math:`\mu = \sum_{k=1}^M \pi_k \, \mathcal N(m_k, \Gamma_k)` on :math:`\mathbb R^D`.
+
+    A frozen JAX pytree: it can be passed through ``jit``, ``vmap`` and ``grad``.
+
+    Args:
+        weights: the mixing weights :math:`\pi`, shape (M,), non-negative, summing to one.
+        means: the means :math:`m_k`, shape (M, D).
+        covs: the covariances :math:`\Gamma_k`, shape (M, D, D), symmetric positive
+            **semi**-definite (a singular covariance is allowed, e.g. a token
+            coordinate that carries no noise).
+
+    Raises:
+        ValueError: naming the argument, for wrong shapes, non-finite values,
+            negative weights or weights not summing to one, non-symmetric or
+            indefinite covariances.
+
+    Example:
+        >>> mix = GaussianMixture.isotropic([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3)
+        >>> points, labels = mix.sample(jax.random.key(0), 1000)
+    """
+
+    weights: jax.Array
+    means: jax.Array
+    covs: jax.Array
+
+    def __init__(self, weights, means, covs):
+        dtype = C.common_float_dtype(weights, means, covs)
+        weights = C.as_float_array(weights, "weights", dtype)
+        means = C.as_float_array(means, "means", dtype)
+        covs = C.as_float_array(covs, "covs", dtype)
+        C.check_shape(weights, "weights", (None,), "(M,)")
+        m = weights.shape[0]
+        if m == 0:
+            raise ValueError("`weights` must hold at least one component; got shape (0,)")
+        C.check_shape(means, "means", (m, None), f"(M, D) with M = {m}")
+        d = means.shape[1]
+        if d == 0:
+            raise ValueError("`means` must have dimension D >= 1; got shape " + str(tuple(means.shape)))
+        C.check_shape(covs, "covs", (m, d, d), f"(M, D, D) = ({m}, {d}, {d})")
+        for a, name in ((weights, "weights"), (means, "means"), (covs, "covs")):
+            C.check_finite(a, name)
+        C.check_weights(weights)
+        C.check_psd(covs, "covs")
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "means", means)
+        object.__setattr__(self, "covs", covs)
+
+    @classmethod
+    def isotropic(cls, weights, means, std) -> "GaussianMixture":
+        r"""The mixture :math:`\sum_k \pi_k \mathcal N(m_k, \sigma_k^2 I_D)`.
+
+        Args:
+            weights: shape (M,).
+            means: shape (M, D).
+            std: :math:`\sigma \ge 0`, a scalar or shape (M,) (one per component).
+        """
+        dtype = C.common_float_dtype(weights, means, std)
+        means = C.as_float_array(means, "means", dtype)
+        std = C.as_float_array(std, "std", dtype)
+        if std.ndim > 1 or (std.ndim == 1 and means.ndim >= 1 and std.shape[0] != means.shape[0]):
+            raise ValueError(f"`std` must be a scalar or have shape (M,) = ({means.shape[0]},); got {tuple(std.shape)}")
+        C.check_finite(std, "std")
+        if C.is_concrete(std) and bool(jnp.any(std < 0)):
+            raise ValueError(f"`std` must be non-negative; got {std}")
+        C.check_shape(means, "means", (None, None), "(M, D)")
+        m, d = means.shape
+        var = jnp.broadcast_to(std**2, (m,))
+        covs = var[:, None, None] * jnp.eye(d, dtype=dtype)
+        return cls(weights, means, covs)
+
+    # -- pytree protocol: unflattening never re-validates (leaves may be tracers or sentinels)
+    def tree_flatten(self):
+        return (self.weights, self.means, self.covs), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, leaves):
+        obj = object.__new__(cls)
+        for name, leaf in zip(("weights", "means", "covs"), leaves):
+            object.__setattr__(obj, name, leaf)
+        return obj
+
+    @property
+    def n_components(self) -> int:
+        """M, the number of components."""
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        """D, the dimension of the space."""
+        return self.means.shape[1]
+
+    @property
+    def dtype(self):
+        """The floating dtype of the parameters."""
+        return self.means.dtype
+
+    def mean(self):
+        r""":math:`\mathbb E[X] = \sum_k \pi_k m_k`, shape (D,)."""
+        return self.weights @ self.means
+
+    def second_moment(self):
+        r""":math:`\mathbb E[X X^\top] = \sum_k \pi_k (\Gamma_k + m_k m_k^\top)`, shape (D, D)."""
+        outer = self.covs + self.means[:, :, None] * self.means[:, None, :]
+        return jnp.tensordot(self.weights, outer, axes=1)
+
+    def covariance(self):
+        r""":math:`\operatorname{Cov}(X) = \mathbb E[XX^\top] - \mathbb E[X]\mathbb E[X]^\top`, shape (D, D)."""
+        mu = self.mean()
+        return self.second_moment() - jnp.outer(mu, mu)
+
+    def add_noise(self, xi) -> "GaussianMixture":
+        r"""The law of :math:`X + \xi \varepsilon` with :math:`\varepsilon \sim \mathcal N(0, I_D)` independent.
+
+        Each component's covariance becomes :math:`\Gamma_k + \xi^2 I_D`.
+        """
+        xi = C.as_float_array(xi, "xi", self.dtype)
+        C.check_shape(xi, "xi", (), "() (a scalar)")
+        C.check_finite(xi, "xi")
+        noisy = self.covs + xi**2 * jnp.eye(self.dim, dtype=self.dtype)
+        return GaussianMixture.tree_unflatten(None, (self.weights, self.means, noisy))
+
+    def sample(self, key, n: int):
+        """Draw ``n`` i.i.d. points and their component labels.
+
+        Args:
+            key: a ``jax.random`` key.
+            n: the number of points (a Python int).
+
+        Returns:
+            ``(points, labels)``: shapes (n, D) and (n,) (int32).
+        """
+        n = C.check_positive_int(n, "n")
+        return _sample(self, key, n)
+
+    def _log_gaussians(self, z):
+        """log N(z; m_k, Gamma_k) for every point and component, shape (n, M)."""
+        chol = jnp.linalg.cholesky(self.covs)  # (M, D, D)
+        diff = z[:, None, :] - self.means[None, :, :]  # (n, M, D)
+        sol = jax.scipy.linalg.solve_triangular(
+            chol[None], diff[..., None], lower=True
+        )[..., 0]  # (n, M, D)
+        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), axis=-1)
+        return -0.5 * (jnp.sum(sol**2, axis=-1) + logdet + self.dim * jnp.log(2 * jnp.pi))
+
+    def _check_density_input(self, z):
+        z = C.as_float_array(z, "z", self.dtype)
+        C.check_shape(z, "z", (None, self.dim), f"(n, D) with D = {self.dim}")
+        C.check_finite(z, "z")
+        if C.is_concrete(self.covs):
+            low = jnp.linalg.eigvalsh(self.covs).min(axis=-1)
+            if bool(jnp.any(low <= 0)):
+                raise ValueError(
+                    "`covs` must be positive definite for a density; a singular component "
+                    "has no density on R^D (use add_noise to smooth it)"
+                )
+        return z
+
+    def log_prob(self, z):
+        r"""The log-density :math:`\log \sum_k \pi_k \mathcal N(z; m_k, \Gamma_k)`, shape (n,).
+
+        Needs positive-definite covariances (a singular Gaussian has no density).
+        """
+        z = self._check_density_input(z)
+        return jax.nn.logsumexp(self._log_gaussians(z), axis=-1, b=self.weights[None, :])
+
+    def responsibilities(self, z):
+        r"""Posterior component probabilities :math:`P(C = k \mid X = z)`, shape (n, M).
+
+        Computed in log space, so points far from every component still get
+        probabilities that sum to one. Needs positive-definite covariances.
+        """
+        z = self._check_density_input(z)
+        logits = jnp.log(self.weights)[None, :] + self._log_gaussians(z)
+        return jax.nn.softmax(logits, axis=-1)
+
+
+@partial(jax.jit, static_argnums=2)
+def _sample(mix: GaussianMixture, key, n: int):
+    k_lab, k_eps = jax.random.split(key)
+    labels = jax.random.categorical(k_lab, jnp.log(mix.weights), shape=(n,))
+    eps = jax.random.normal(k_eps, (n, mix.dim), dtype=mix.dtype)
+    roots = psd_sqrt(mix.covs)
+    points = mix.means[labels] + jnp.einsum("nij,nj->ni", roots[labels], eps)
+    return points, labels.astype(jnp.int32)
