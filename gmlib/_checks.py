@@ -36,7 +36,15 @@ def common_float_dtype(*arrays):
     """
     best = None
     for a in arrays:
-        dt = jnp.asarray(a).dtype if not hasattr(a, "dtype") else a.dtype
+        if hasattr(a, "dtype"):
+            dt = a.dtype
+        else:
+            try:
+                dt = np.asarray(a).dtype
+            except Exception:  # ragged or non-numeric: as_float_array reports it
+                continue
+            if dt == np.float64:  # Python floats are weak: they follow the other arguments
+                continue
         if jnp.issubdtype(dt, jnp.floating):
             dt = jax.dtypes.canonicalize_dtype(dt)
             if best is None or jnp.finfo(dt).bits > jnp.finfo(best).bits:
