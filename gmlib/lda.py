@@ -202,7 +202,7 @@ class LDAProblem:
         return self.p_pos * pos + (1 - self.p_pos) * neg
 
     def tokens(self) -> GaussianMixture:
-        r"""The law of the tokens :math:`(X, Y) \in \mathbb R^{d+1}`, a two-component :class:`GaussianMixture`.
+        r"""The law of the tokens :math:`(X, Y) \in \mathbb R^{d+1}`, a two-component :class:`~gmlib.GaussianMixture`.
 
         Component 0 is the class :math:`+1` (weight :math:`\pi_+`, mean :math:`(m_1, 1)`),
         component 1 the class :math:`-1` (weight :math:`1-\pi_+`, mean :math:`(m_{-1}, -1)`);
