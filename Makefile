@@ -10,13 +10,15 @@ NOTEBOOKS := $(sort $(wildcard book/[0-9][0-9]_*.ipynb)) book/template.ipynb
 export JAX_PLATFORMS ?= cpu
 export PYTHONHASHSEED := 0
 
-.PHONY: book test strict bench twins clean help
+.PHONY: book test strict bench site-check repro twins clean help
 
 help:
 	@echo "make book   build the HTML book into _build/html (executes every chapter)"
 	@echo "make test   unit tests, notebook twins, every notebook through nbval"
 	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
 	@echo "make bench  the benchmark table (ratios against baselines measured in the same run)"
+	@echo "make repro  re-execute every chapter and compare its text outputs with the last build"
+	@echo "make site-check  open every page of the built book in headless Chromium"
 	@echo "make twins  regenerate each chapter's .ipynb from its MyST .md twin"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -38,7 +40,7 @@ book: $(STAMP) _build/.gmlib-stamp
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=600 -q
+		--nbval-cell-timeout=600 -q -rs
 
 strict: $(STAMP)
 	rm -rf _build
@@ -46,6 +48,12 @@ strict: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+site-check: $(STAMP)
+	$(BIN)/python tests/site_check.py
+
+repro: $(STAMP)
+	$(BIN)/python tests/reproducibility.py
 
 twins: $(STAMP)
 	for md in book/[0-9][0-9]_*.md book/template.md; do \

@@ -21,6 +21,9 @@ __all__ = [
     "check_weights",
     "check_psd",
     "check_positive_int",
+    "check_key",
+    "check_callable",
+    "check_float_dtype",
 ]
 
 
@@ -45,7 +48,7 @@ def common_float_dtype(*arrays):
                 continue
             if dt == np.float64:  # Python floats are weak: they follow the other arguments
                 continue
-        if jnp.issubdtype(dt, jnp.floating):
+        if jnp.issubdtype(dt, jnp.floating) and np.dtype(dt).itemsize <= 8:  # float128: as_float_array reports it
             dt = jax.dtypes.canonicalize_dtype(dt)
             if best is None or jnp.finfo(dt).bits > jnp.finfo(best).bits:
                 best = dt
@@ -60,7 +63,11 @@ def as_float_array(x, name: str, dtype=None):
     Raises:
         ValueError: if ``x`` is not numeric (strings, objects, complex numbers).
     """
-    if is_concrete(x):
+    if isinstance(x, jax.Array) and is_concrete(x):
+        dt = x.dtype  # a JAX array: check its dtype without copying it to the host
+        if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_):
+            raise ValueError(f"`{name}` must be a real numeric array; got dtype {dt}")
+    elif is_concrete(x):
         try:
             arr = np.asarray(x)
         except Exception as exc:  # ragged lists and the like
@@ -72,6 +79,9 @@ def as_float_array(x, name: str, dtype=None):
             or str(arr.dtype) == "bfloat16"
         ):
             raise ValueError(f"`{name}` must be a real numeric array; got dtype {arr.dtype}")
+        if np.issubdtype(arr.dtype, np.floating) and arr.dtype.itemsize > 8:  # float128: JAX has none
+            raise ValueError(f"`{name}` has dtype {arr.dtype}, which JAX does not support; "
+                             "convert it to float64 or float32")
     x = jnp.asarray(x)
     if dtype is None:
         dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else common_float_dtype()
@@ -80,7 +90,10 @@ def as_float_array(x, name: str, dtype=None):
 
 def check_finite(x, name: str) -> None:
     """Raise if a concrete ``x`` holds NaN or infinite values."""
-    if is_concrete(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
+    if not is_concrete(x):
+        return
+    finite = jnp.isfinite(x).all() if isinstance(x, jax.Array) else np.all(np.isfinite(np.asarray(x)))
+    if not bool(finite):  # for a JAX array, one scalar comes back to the host, not the array
         raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
 
 
@@ -99,7 +112,12 @@ def check_weights(weights, name: str = "weights") -> None:
     w = np.asarray(weights, dtype=np.float64)
     if np.any(w < 0):
         raise ValueError(f"`{name}` must be non-negative; got {w}")
-    tol = 1e-5 if weights.dtype == jnp.float32 else 1e-9
+    if weights.dtype == jnp.float64:
+        tol = 1e-9
+    elif weights.dtype == jnp.float32:
+        tol = 1e-5
+    else:  # float16 / bfloat16: the rounding of M weights
+        tol = 4.0 * max(1, w.size) * float(jnp.finfo(weights.dtype).eps)
     if abs(w.sum() - 1.0) > tol:
         raise ValueError(f"`{name}` must sum to one; got sum {w.sum():.12g}")
 
@@ -130,3 +148,39 @@ def check_positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
     return int(value)
+
+
+def check_key(key, name: str = "key") -> None:
+    """Raise unless ``key`` is one ``jax.random`` key (a typed key, or raw uint32 key data of shape (2,))."""
+    try:
+        dtype = key.dtype
+        shape = tuple(key.shape)
+    except AttributeError:
+        raise ValueError(f"`{name}` must be a jax.random key (e.g. jax.random.key(0)); "
+                         f"got {type(key).__name__}") from None
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        if shape != ():
+            raise ValueError(f"`{name}` must be a single jax.random key (shape ()); got a batch of shape {shape}")
+        return
+    if dtype != jnp.uint32 or shape != (2,):
+        raise ValueError(f"`{name}` must be a jax.random key (jax.random.key(0), or the uint32 array of shape (2,) "
+                         f"of jax.random.PRNGKey(0)); got dtype {dtype} and shape {shape}")
+
+
+def check_callable(fn, name: str = "fn") -> None:
+    """Raise unless ``fn`` is callable."""
+    if not callable(fn):
+        raise ValueError(f"`{name}` must be a callable; got {type(fn).__name__}")
+
+
+def check_float_dtype(dtype, name: str = "dtype"):
+    """Return ``dtype`` as a canonical floating dtype (``None``: the default float), or raise."""
+    if dtype is None:
+        return common_float_dtype()
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"`{name}` must be a floating dtype (float32 or float64); got {dtype!r}") from None
+    if not jnp.issubdtype(dt, jnp.floating) or dt.itemsize > 8:
+        raise ValueError(f"`{name}` must be a floating dtype (float32 or float64); got {dt}")
+    return jax.dtypes.canonicalize_dtype(dt)

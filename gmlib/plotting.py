@@ -32,23 +32,39 @@ STYLE = {
 }
 
 
+def _positive_1d(a, name: str):
+    try:
+        arr = np.asarray(a)
+    except Exception:  # ragged lists and the like
+        raise ValueError(f"`{name}` must be a 1-D array of positive numbers; got {type(a).__name__}") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise ValueError(f"`{name}` must hold real numbers; got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if arr.ndim != 1 or arr.size < 2:
+        raise ValueError(f"`{name}` must be 1-D with at least two points; got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"`{name}` must be positive and finite for a log-log fit")
+    return arr
+
+
 def loglog_slope(x, y):
     """Least-squares slope and intercept of ``log y`` against ``log x``.
 
     Args:
-        x, y: positive arrays of the same shape (at least two points).
+        x, y: positive finite 1-D arrays of the same length, with at least two distinct ``x``.
 
     Returns:
         ``(slope, intercept)`` with ``y ≈ exp(intercept) * x ** slope``.
 
     Raises:
-        ValueError: for non-positive or mismatched inputs.
+        ValueError: naming ``x`` or ``y``, for non-numeric, non-positive, non-finite or
+            mismatched inputs, or when every ``x`` is the same (no slope to fit).
     """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1 or x.size < 2:
-        raise ValueError(f"`x` and `y` must be 1-D of equal length >= 2; got {x.shape} and {y.shape}")
-    if np.any(x <= 0) or np.any(y <= 0) or not np.all(np.isfinite(x * y)):
-        raise ValueError("`x` and `y` must be positive and finite for a log-log fit")
-    slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
+    x, y = _positive_1d(x, "x"), _positive_1d(y, "y")
+    if x.shape != y.shape:
+        raise ValueError(f"`x` and `y` must have the same length; got {x.size} and {y.size}")
+    lx = np.log(x)
+    if np.ptp(lx) == 0:
+        raise ValueError("`x` must hold at least two distinct values to fit a slope")
+    slope, intercept = np.polyfit(lx, np.log(y), 1)
     return float(slope), float(intercept)
