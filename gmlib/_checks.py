@@ -92,7 +92,11 @@ def check_finite(x, name: str) -> None:
     """Raise if a concrete ``x`` holds NaN or infinite values."""
     if not is_concrete(x):
         return
-    finite = jnp.isfinite(x).all() if isinstance(x, jax.Array) else np.all(np.isfinite(np.asarray(x)))
+    if isinstance(x, jax.Array):
+        with jax.ensure_compile_time_eval():  # a concrete array met while tracing a jit: still check it now
+            finite = jnp.isfinite(x).all()
+    else:
+        finite = np.all(np.isfinite(np.asarray(x)))
     if not bool(finite):  # for a JAX array, one scalar comes back to the host, not the array
         raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
 
