@@ -295,6 +295,7 @@ class DenoisingProblem:
         """
         if method not in ("auto", "quadrature", "monte_carlo"):
             raise ValueError(f"`method` must be 'auto', 'quadrature' or 'monte_carlo'; got {method!r}")
+        C.check_callable(f, "f")
         if method == "auto":
             method = "quadrature" if self.dim <= 3 else "monte_carlo"
         sq_error = _squared_error(self, f)
@@ -341,6 +342,8 @@ class DenoisingProblem:
             ValueError: for M > 4.
         """
         m, d = self.n_components, self.dim
+        if n_nodes is not None:
+            n_nodes = C.check_positive_int(n_nodes, "n_nodes")
         within = d * self.gamma**2 * self.xi**2 / self.s
         if m == 1:
             return within
@@ -615,10 +618,42 @@ def multi_head_attention(prompt, queries, heads, *, block_size=None):
     Raises:
         ValueError: for an empty ``heads``, and whatever the attention functions raise.
     """
-    heads = list(heads)
+    dim = _check_prompt(prompt)
+    heads = _check_heads(heads, dim)
+    return sum(_attend(prompt, queries, U, V, block_size) for U, V in heads)
+
+
+def _check_prompt(prompt) -> int:
+    """The token dimension D of a prompt (a GaussianMixture or tokens (L, D)), after validating it."""
+    if isinstance(prompt, GaussianMixture):
+        return prompt.dim
+    tokens = C.as_float_array(prompt, "prompt")
+    C.check_shape(tokens, "prompt", (None, None), "(L, D) (tokens), or a GaussianMixture")
+    if tokens.shape[0] == 0:
+        raise ValueError(f"`prompt` must hold at least one token; got shape {tuple(tokens.shape)}")
+    C.check_finite(tokens, "prompt")
+    return tokens.shape[1]
+
+
+def _check_heads(heads, dim: int):
+    """A non-empty list of (U, V) pairs, U (D, D) and V (D_out, D) finite; errors name `heads`."""
+    try:
+        heads = list(heads)
+    except TypeError:
+        raise ValueError(f"`heads` must be a sequence of (U, V) pairs; got {type(heads).__name__}") from None
     if not heads:
         raise ValueError("`heads` must hold at least one (U, V) pair; got none")
-    return sum(_attend(prompt, queries, U, V, block_size) for U, V in heads)
+    for h, pair in enumerate(heads):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"`heads` must hold (U, V) pairs; entry {h} is {type(pair).__name__}")
+        try:
+            for name, val, shape in (("U", pair[0], (dim, dim)), ("V", pair[1], (None, dim))):
+                val = C.as_float_array(val, name)
+                C.check_shape(val, name, shape, f"{'(D, D)' if name == 'U' else '(D_out, D)'} with D = {dim}")
+                C.check_finite(val, name)
+        except ValueError as exc:
+            raise ValueError(f"`heads` entry {h}: {exc}") from None
+    return heads
 
 
 def _attend(prompt, queries, U, V, block_size):
@@ -651,9 +686,11 @@ def linear_optimum(problem: DenoisingProblem):
 
 @jax.jit
 def _linear_optimum(p):
-    m2 = p.clean.second_moment()
-    reg = m2 + p.xi**2 * jnp.eye(p.dim, dtype=p.dtype)
-    return jnp.linalg.solve(reg, m2).T  # M2 reg^{-1}, both symmetric
+    # M2 (M2 + xi^2 I)^{-1} = Q diag(l / (l + xi^2)) Q^T: symmetric, and no singular solve when xi^2 is
+    # below the rounding of M2 (float32, xi -> 0: M2 + xi^2 I rounds to the singular M2)
+    lam, q = jnp.linalg.eigh(p.clean.second_moment())
+    lam = jnp.clip(lam, 0.0)
+    return (q * (lam / (lam + p.xi**2))[None, :]) @ q.T
 
 
 def linear_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
@@ -758,9 +795,22 @@ def in_context_denoise(params: InContextParams, prompt, queries, *, block_size=N
     """
     if not isinstance(params, InContextParams):
         raise ValueError(f"`params` must be an InContextParams; got {type(params).__name__}")
-    heads = ((params.U1, params.V1), (params.U2, params.V2))
-    res = [queries + _attend(prompt, queries, U, V, block_size) for U, V in heads]
-    return jnp.concatenate(res, axis=-1) @ params.W_out.T
+    d = _check_prompt(prompt)
+    leaves = [prompt.means] if isinstance(prompt, GaussianMixture) else [prompt]
+    dtype = C.common_float_dtype(*leaves, queries, *params)
+    queries = C.as_float_array(queries, "queries", dtype)
+    C.check_shape(queries, "queries", (None, d), f"(n, d) with d = {d} (the token dimension)")
+    C.check_finite(queries, "queries")
+    checked = {}
+    for name, val in zip(InContextParams._fields, params):
+        shape = (None, 2 * d) if name == "W_out" else (d, d)
+        val = C.as_float_array(val, f"params.{name}", dtype)
+        C.check_shape(val, f"params.{name}", shape, ("(D_y, 2d)" if name == "W_out" else "(d, d)") + f" with d = {d}")
+        C.check_finite(val, f"params.{name}")
+        checked[name] = val
+    heads = ((checked["U1"], checked["V1"]), (checked["U2"], checked["V2"]))
+    res = [queries + _attend(prompt, queries, U, V, block_size).astype(dtype) for U, V in heads]
+    return jnp.concatenate(res, axis=-1) @ checked["W_out"].T
 
 
 # ----------------------------------------------------------------------------- iterated denoiser
@@ -779,7 +829,19 @@ def iterate(f: Callable, z0, n_steps: int):
         array of shape ``(n_steps + 1,) + z0.shape``: the whole trajectory, ``z0`` first.
     """
     n_steps = C.check_positive_int(n_steps, "n_steps")
+    C.check_callable(f, "f")
+    C.as_float_array(z0, "z0")  # a real numeric array (raises otherwise); z0 keeps its own dtype
+    C.check_finite(z0, "z0")
     z0 = jnp.asarray(z0)
+    try:
+        out = jax.eval_shape(f, z0)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"`f` could not be applied to `z0` of shape {z0.shape}: {exc}") from None
+    if getattr(out, "shape", None) != z0.shape or getattr(out, "dtype", None) != z0.dtype:
+        raise ValueError(f"`f` must map `z0` to an array of the same shape and dtype {z0.shape}, {z0.dtype}; got "
+                         f"{getattr(out, 'shape', type(out).__name__)}, {getattr(out, 'dtype', '')}")
 
     def step(z, _):
         z_next = f(z)
@@ -831,7 +893,14 @@ def tanh_fixed_point(lam):
     """
     from scipy.optimize import brentq
 
-    lam = np.asarray(lam, dtype=np.float64)
+    try:
+        raw = np.asarray(lam)
+    except Exception as exc:  # ragged sequences and the like
+        raise ValueError(f"`lam` must be a real number or array; got {type(lam).__name__} ({exc})") from None
+    if raw.dtype == object or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)
+                                   or np.issubdtype(raw.dtype, np.bool_)):
+        raise ValueError(f"`lam` must be a real number or array; got dtype {raw.dtype}")
+    lam = raw.astype(np.float64)
     if not np.all(np.isfinite(lam)) or np.any(lam < 0):
         raise ValueError(f"`lam` must be finite and non-negative; got {lam}")
 

@@ -226,6 +226,7 @@ class LDAProblem:
             ``(x, y)``: shapes (n, d) and (n,), with ``y`` in {-1.0, +1.0} (floating).
         """
         n = C.check_positive_int(n, "n")
+        C.check_key(key)
         return _sample(self, key, n)
 
 
@@ -297,14 +298,18 @@ class HeadParams:
     def zeros(cls, d: int, dtype=None) -> "HeadParams":
         """The origin :math:`\\theta = 0` in dimension ``d``."""
         d = C.check_positive_int(d, "d")
-        dtype = dtype or C.common_float_dtype()
+        dtype = C.check_float_dtype(dtype)
         return cls(jnp.zeros((d, d), dtype), jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((), dtype))
 
     @classmethod
     def normal(cls, key, d: int, scale=1.0, dtype=None) -> "HeadParams":
         """Every entry i.i.d. :math:`\\mathcal N(0, \\mathrm{scale}^2)` (the initialization of Figure 4)."""
         d = C.check_positive_int(d, "d")
-        dtype = dtype or C.common_float_dtype()
+        dtype = C.check_float_dtype(dtype)
+        C.check_key(key)
+        scale = C.as_float_array(scale, "scale", dtype)
+        C.check_shape(scale, "scale", (), "() (a scalar)")
+        C.check_finite(scale, "scale")
         k = jax.random.split(key, 4)
         return cls(
             scale * jax.random.normal(k[0], (d, d), dtype),
@@ -314,14 +319,21 @@ class HeadParams:
         )
 
 
-def _check_theta(problem, theta):
+def _check_theta(problem, theta, arg: str = "theta"):
+    """Check the leaves of ``theta`` against ``problem.dim`` (or, with ``problem=None``, against U11's size)."""
     if not isinstance(theta, HeadParams):
-        raise ValueError(f"`theta` must be a HeadParams; got {type(theta).__name__}")
-    d = problem.dim
+        raise ValueError(f"`{arg}` must be a HeadParams; got {type(theta).__name__}")
+    if problem is None:
+        C.check_shape(theta.U11, f"{arg}.U11", (None, None), "(d, d)")
+        d = theta.U11.shape[0]
+        where = f" for d = {d}, the size of `{arg}.U11`"
+    else:
+        d = problem.dim
+        where = f" for d = {d}"
     for name, shape in (("U11", (d, d)), ("u12", (d,)), ("v21", (d,)), ("v22", ())):
         leaf = getattr(theta, name)
-        C.check_shape(leaf, f"theta.{name}", shape, str(shape) + f" for d = {d}")
-        C.check_finite(leaf, f"theta.{name}")
+        C.check_shape(leaf, f"{arg}.{name}", shape, str(shape) + where)
+        C.check_finite(leaf, f"{arg}.{name}")
     return theta
 
 
@@ -352,9 +364,11 @@ def to_attention(theta):
 
     Returns:
         ``(U, V)``, both of shape (d+1, d+1).
+
+    Raises:
+        ValueError: naming the leaf, for leaves whose shapes do not fit one d or non-finite values.
     """
-    if not isinstance(theta, HeadParams):
-        raise ValueError(f"`theta` must be a HeadParams; got {type(theta).__name__}")
+    _check_theta(None, theta)
     d = theta.U11.shape[0]
     dtype = theta.U11.dtype
     U = jnp.zeros((d + 1, d + 1), dtype).at[:d, :d].set(theta.U11.T).at[d, :d].set(theta.u12)
@@ -733,7 +747,7 @@ class TrainResult(NamedTuple):
 
 def _check_training(problem, theta0, optimizer, n_steps, record_every, n_nodes):
     _check_problem(problem)
-    problem, theta0 = _cast(problem, _check_theta(problem, theta0))
+    problem, theta0 = _cast(problem, _check_theta(problem, theta0, "theta0"))
     if not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError(f"`optimizer` must be an optax.GradientTransformation; got {type(optimizer).__name__}")
     n_steps = C.check_positive_int(n_steps, "n_steps")
@@ -904,6 +918,7 @@ def sgd(
         problem, theta0, optimizer, n_steps, record_every, n_nodes
     )
     batch_size = C.check_positive_int(batch_size, "batch_size")
+    C.check_key(key)
     n_records = n_steps // record_every
     state = (theta0, optimizer.init(theta0), key)
 

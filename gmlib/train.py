@@ -22,6 +22,7 @@ seeds run under ``vmap`` and are sharded over every available device with
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -31,6 +32,7 @@ import optax
 
 from gmlib import _checks as C
 from gmlib.attention import linear_attention, softmax_attention
+from gmlib.lda import LDAProblem
 
 __all__ = [
     "Batch",
@@ -84,15 +86,22 @@ def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out
     n_heads = C.check_positive_int(n_heads, "n_heads")
     dim = C.check_positive_int(dim, "dim")
     value_dim = dim if value_dim is None else C.check_positive_int(value_dim, "value_dim")
-    dtype = dtype or C.common_float_dtype()
-    ku, kv, kw = jax.random.split(key, 3)
-    params = {
-        "U": scale / np.sqrt(dim) * jax.random.normal(ku, (n_heads, dim, dim), dtype),
-        "V": scale / np.sqrt(dim) * jax.random.normal(kv, (n_heads, value_dim, dim), dtype),
-    }
+    dtype = C.check_float_dtype(dtype)
+    C.check_key(key)
+    scale = C.as_float_array(scale, "scale", dtype)
+    C.check_shape(scale, "scale", (), "() (a scalar)")
+    C.check_finite(scale, "scale")
     if out_dim is not None:
         out_dim = C.check_positive_int(out_dim, "out_dim")
-        params["W_out"] = jax.random.normal(kw, (out_dim, n_heads * value_dim), dtype) / np.sqrt(n_heads * value_dim)
+    ku, kv, kw = jax.random.split(key, 3)
+    factor = scale / jnp.sqrt(jnp.asarray(dim, dtype))  # all in `dtype`: strict promotion
+    params = {
+        "U": factor * jax.random.normal(ku, (n_heads, dim, dim), dtype),
+        "V": factor * jax.random.normal(kv, (n_heads, value_dim, dim), dtype),
+    }
+    if out_dim is not None:
+        params["W_out"] = (jax.random.normal(kw, (out_dim, n_heads * value_dim), dtype)
+                           / jnp.sqrt(jnp.asarray(n_heads * value_dim, dtype)))
     return params
 
 
@@ -100,14 +109,21 @@ def _check_params(params, dim: int, residual: bool):
     if not isinstance(params, dict) or "U" not in params or "V" not in params:
         raise ValueError("`params` must be a dict with keys 'U' (H, D, D) and 'V' (H, D_v, D); got "
                          f"{type(params).__name__}")
-    U, V = params["U"], params["V"]
+    U, V = C.as_float_array(params["U"], "params['U']"), C.as_float_array(params["V"], "params['V']")
     C.check_shape(U, "params['U']", (None, dim, dim), f"(H, D, D) with D = {dim}")
+    if U.shape[0] == 0:
+        raise ValueError("`params['U']` must hold at least one head; got shape " + str(tuple(U.shape)))
     C.check_shape(V, "params['V']", (U.shape[0], None, dim), f"(H, D_v, D) = ({U.shape[0]}, D_v, {dim})")
     if residual and V.shape[1] != dim:
         raise ValueError(f"a residual head needs D_v = D = {dim}; got `params['V']` of shape {tuple(V.shape)}")
+    checked = {"U": U, "V": V}
     if "W_out" in params:
-        C.check_shape(params["W_out"], "params['W_out']", (None, U.shape[0] * V.shape[1]),
+        checked["W_out"] = C.as_float_array(params["W_out"], "params['W_out']")
+        C.check_shape(checked["W_out"], "params['W_out']", (None, U.shape[0] * V.shape[1]),
                       f"(D_y, H D_v) with H D_v = {U.shape[0] * V.shape[1]}")
+    for name, val in checked.items():
+        C.check_finite(val, f"params['{name}']")
+    return checked
 
 
 def apply_heads(params, tokens, queries, *, kind: str = "softmax", residual: bool = False, block_size=None):
@@ -131,9 +147,13 @@ def apply_heads(params, tokens, queries, *, kind: str = "softmax", residual: boo
     """
     if kind not in _KINDS:
         raise ValueError(f"`kind` must be one of {_KINDS}; got {kind!r}")
-    tokens = jnp.asarray(tokens)
+    tokens = C.as_float_array(tokens, "tokens")
     C.check_shape(tokens, "tokens", (None, None), "(L, D)")
-    _check_params(params, tokens.shape[1], residual)
+    params = _check_params(params, tokens.shape[1], residual)
+    dtype = C.common_float_dtype(tokens, queries, *params.values())  # one dtype: strict promotion
+    tokens = tokens.astype(dtype)
+    queries = C.as_float_array(queries, "queries", dtype)
+    params = {k: v.astype(dtype) for k, v in params.items()}
     heads = []
     for U, V in zip(params["U"], params["V"]):
         if kind == "softmax":
@@ -165,15 +185,23 @@ def denoising_task_sampler(gamma: float, xi: float, dim: int, *, radius: float =
     """
     dim = C.check_positive_int(dim, "dim")
     n_queries = C.check_positive_int(n_queries, "n_queries")
-    if not (gamma >= 0 and np.isfinite(gamma)):
+    gamma, xi, radius = (_host_scalar(v, name) for v, name in ((gamma, "gamma"), (xi, "xi"), (radius, "radius")))
+    if not gamma >= 0:
         raise ValueError(f"`gamma` must be finite and non-negative; got {gamma}")
-    if not (xi > 0 and np.isfinite(xi)):
+    if not xi > 0:
         raise ValueError(f"`xi` must be finite and positive; got {xi}")
-    lo, hi = weight_range
+    if not radius > 0:
+        raise ValueError(f"`radius` must be finite and positive; got {radius}")
+    wr = C.as_float_array(weight_range, "weight_range", jnp.float64 if jax.config.jax_enable_x64 else None)
+    C.check_shape(wr, "weight_range", (2,), "(2,) (low, high)")
+    lo, hi = (float(v) for v in np.asarray(wr))
     if not 0 < lo <= hi < 1:
         raise ValueError(f"`weight_range` must satisfy 0 < low <= high < 1; got {weight_range}")
 
     def sample(key, batch_size: int, prompt_length: int) -> Batch:
+        C.check_key(key)
+        batch_size = C.check_positive_int(batch_size, "batch_size")
+        prompt_length = C.check_positive_int(prompt_length, "prompt_length")
         k_m, k_p, k_x = jax.random.split(key, 3)
         dirs = jax.random.normal(k_m, (batch_size, 2, dim))
         means = radius * dirs / jnp.linalg.norm(dirs, axis=-1, keepdims=True)
@@ -191,6 +219,14 @@ def denoising_task_sampler(gamma: float, xi: float, dim: int, *, radius: float =
     return sample
 
 
+def _host_scalar(value, name: str) -> float:
+    """A finite real scalar as a Python float, or a ValueError naming it."""
+    a = C.as_float_array(value, name, jnp.float64 if jax.config.jax_enable_x64 else None)
+    C.check_shape(a, name, (), "() (a scalar)")
+    C.check_finite(a, name)
+    return float(a)
+
+
 def classification_prompt_sampler(mean_pos, mean_neg, cov, p_pos: float, *, n_queries: int = 1):
     r"""Prompts of labelled tokens :math:`(X, Y)` for in-context LDA (chapter 7).
 
@@ -201,16 +237,20 @@ def classification_prompt_sampler(mean_pos, mean_neg, cov, p_pos: float, *, n_qu
     Returns:
         ``sample(key, batch_size, prompt_length) -> Batch``.
     """
-    mean_pos, mean_neg, cov = (np.asarray(a, dtype=np.float64) for a in (mean_pos, mean_neg, cov))
+    # the checks of LDAProblem (shapes, finite, cov symmetric positive definite, p_pos in (0, 1)), in float64
+    f64 = jnp.float64 if jax.config.jax_enable_x64 else None
+    task = LDAProblem(*(C.as_float_array(a, name, f64) for a, name in
+                        ((mean_pos, "mean_pos"), (mean_neg, "mean_neg"), (cov, "cov"), (p_pos, "p_pos"))))
+    mean_pos, mean_neg, cov = (np.asarray(a, dtype=np.float64) for a in (task.mean_pos, task.mean_neg, task.cov))
+    p_pos = float(task.p_pos)
     d = mean_pos.shape[0]
-    if mean_neg.shape != (d,) or cov.shape != (d, d):
-        raise ValueError(f"`mean_neg` must have shape ({d},) and `cov` ({d}, {d}); got {mean_neg.shape}, {cov.shape}")
-    if not 0 < p_pos < 1:
-        raise ValueError(f"`p_pos` must lie in (0, 1); got {p_pos}")
     root = np.linalg.cholesky(cov)
     n_queries = C.check_positive_int(n_queries, "n_queries")
 
     def sample(key, batch_size: int, prompt_length: int) -> Batch:
+        C.check_key(key)
+        batch_size = C.check_positive_int(batch_size, "batch_size")
+        prompt_length = C.check_positive_int(prompt_length, "prompt_length")
         dtype = C.common_float_dtype()
         k_y, k_x = jax.random.split(key)
         n = prompt_length + n_queries
@@ -254,10 +294,17 @@ def fit(loss: Callable, params, sampler: Callable, optimizer, key, *, n_steps: i
         ``(params, history)``: the final parameters and a dict with ``"step"`` (n_chunks,)
         and ``"metric"`` (the recorded values stacked along a first axis).
     """
-    n_steps = C.check_positive_int(n_steps, "n_steps")
-    record_every = C.check_positive_int(record_every, "record_every")
-    if n_steps % record_every:
-        raise ValueError(f"`n_steps` must be a multiple of `record_every` = {record_every}; got {n_steps}")
+    n_steps, record_every, batch_size, prompt_length = _check_loop(n_steps, record_every, batch_size, prompt_length)
+    C.check_key(key)
+    _check_params_tree(params)
+    params_spec = jax.tree_util.tree_map(_spec, params)
+    _check_fns(loss, params_spec, sampler, optimizer, batch_size, prompt_length)
+    if metric is not None:
+        C.check_callable(metric, "metric")
+        try:
+            jax.eval_shape(metric, params_spec)
+        except Exception as exc:
+            raise ValueError(f"`metric` failed on the params: {type(exc).__name__}: {exc}") from None
     chunk = _make_chunk(loss, sampler, optimizer, batch_size, prompt_length, record_every)
     with jax.numpy_dtype_promotion("standard"):
         opt_state = optimizer.init(params)
@@ -284,6 +331,56 @@ def fit(loss: Callable, params, sampler: Callable, optimizer, key, *, n_steps: i
     return params, {"step": np.array(steps), "metric": stacked}
 
 
+def _spec(a):
+    a = jnp.asarray(a)
+    return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+
+def _check_loop(n_steps, record_every, batch_size, prompt_length):
+    n_steps = C.check_positive_int(n_steps, "n_steps")
+    record_every = C.check_positive_int(record_every, "record_every")
+    batch_size = C.check_positive_int(batch_size, "batch_size")
+    prompt_length = C.check_positive_int(prompt_length, "prompt_length")
+    if n_steps % record_every:
+        raise ValueError(f"`n_steps` must be a multiple of `record_every` = {record_every}; got {n_steps}")
+    return n_steps, record_every, batch_size, prompt_length
+
+
+def _check_params_tree(params, name: str = "params"):
+    """A pytree of finite floating arrays (what optax and jax.grad need)."""
+    leaves = jax.tree_util.tree_leaves(params)
+    if not leaves:
+        raise ValueError(f"`{name}` must be a pytree of floating arrays; got no leaves ({type(params).__name__})")
+    for leaf in leaves:
+        dt = getattr(leaf, "dtype", None)
+        if dt is None or not jnp.issubdtype(dt, jnp.floating):
+            raise ValueError(f"`{name}` must be a pytree of floating arrays; got a leaf of type "
+                             f"{type(leaf).__name__} (dtype {dt})")
+        if isinstance(leaf, (jax.Array, np.ndarray)):  # not the shapes of training_run's init
+            C.check_finite(leaf, name)
+
+
+def _check_fns(loss, params_spec, sampler, optimizer, batch_size, prompt_length):
+    """Trace (no compute) one step's sampler and loss, so that a bad function is named before the loop compiles."""
+    C.check_callable(loss, "loss")
+    C.check_callable(sampler, "sampler")
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise ValueError(f"`optimizer` must be an optax.GradientTransformation; got {type(optimizer).__name__}")
+    try:
+        batch = jax.eval_shape(lambda k: sampler(k, batch_size, prompt_length), jax.random.key(0))
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"`sampler` failed on (key, batch_size, prompt_length): {type(exc).__name__}: {exc}") from None
+    try:
+        with jax.numpy_dtype_promotion("standard"):
+            out = jax.eval_shape(loss, params_spec, batch)
+    except Exception as exc:
+        raise ValueError(f"`loss` failed on (params, batch): {type(exc).__name__}: {exc}") from None
+    if not (hasattr(out, "shape") and out.shape == () and jnp.issubdtype(out.dtype, jnp.floating)):
+        raise ValueError(f"`loss` must return a floating scalar; got {out}")
+
+
 def _make_step(loss, sampler, optimizer, batch_size, prompt_length):
     def step(carry, key):
         params, opt_state = carry
@@ -296,14 +393,26 @@ def _make_step(loss, sampler, optimizer, batch_size, prompt_length):
 
 
 def _make_chunk(loss, sampler, optimizer, batch_size, prompt_length, n_steps):
+    """The compiled chunk of ``n_steps`` updates.
+
+    The functions and sizes are static arguments of one module-level ``jax.jit``, so JAX's
+    own compilation cache serves repeated fits with the same functions and sizes (the usual
+    ``jit`` semantics: a function is traced again only when a new function object comes).
+    """
+    static = dict(loss=loss, sampler=sampler, optimizer=optimizer, batch_size=batch_size,
+                  prompt_length=prompt_length, n_steps=n_steps)
+    try:
+        hash(tuple(static.values()))
+    except TypeError:  # an unhashable loss, sampler or optimizer: a fresh jit of its own
+        return jax.jit(lambda params, opt_state, key: _chunk.__wrapped__(params, opt_state, key, **static))
+    return lambda params, opt_state, key: _chunk(params, opt_state, key, **static)
+
+
+@functools.partial(jax.jit, static_argnames=("loss", "sampler", "optimizer", "batch_size", "prompt_length", "n_steps"))
+def _chunk(params, opt_state, key, *, loss, sampler, optimizer, batch_size, prompt_length, n_steps):
     step = _make_step(loss, sampler, optimizer, batch_size, prompt_length)
-
-    @jax.jit
-    def chunk(params, opt_state, key):
-        (params, opt_state), values = jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
-        return params, opt_state, values.mean()
-
-    return chunk
+    (params, opt_state), values = jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
+    return params, opt_state, values.mean()
 
 
 def training_run(loss: Callable, init: Callable, sampler: Callable, optimizer, *, n_steps: int,
@@ -319,13 +428,19 @@ def training_run(loss: Callable, init: Callable, sampler: Callable, optimizer, *
         ``run(key) -> (params, losses)``, ``losses`` of shape (n_steps // record_every,):
         the mean training loss of each chunk of ``record_every`` steps.
     """
-    n_steps = C.check_positive_int(n_steps, "n_steps")
-    record_every = C.check_positive_int(record_every, "record_every")
-    if n_steps % record_every:
-        raise ValueError(f"`n_steps` must be a multiple of `record_every` = {record_every}; got {n_steps}")
+    n_steps, record_every, batch_size, prompt_length = _check_loop(n_steps, record_every, batch_size, prompt_length)
+    C.check_callable(init, "init")
+    try:
+        with jax.numpy_dtype_promotion("standard"):
+            params_spec = jax.eval_shape(init, jax.random.key(0))
+    except Exception as exc:
+        raise ValueError(f"`init` failed on a key: {type(exc).__name__}: {exc}") from None
+    _check_params_tree(params_spec, "init")
+    _check_fns(loss, params_spec, sampler, optimizer, batch_size, prompt_length)
     step = _make_step(loss, sampler, optimizer, batch_size, prompt_length)
 
     def run(key):
+        C.check_key(key)
         k_init, k_train = jax.random.split(key)
         with jax.numpy_dtype_promotion("standard"):  # see fit
             params = init(k_init)
@@ -362,10 +477,21 @@ def sharded_sweep(fn: Callable, seeds, *, devices=None):
     Returns:
         the pytree of results stacked along a first axis of length ``len(seeds)``.
     """
-    seeds = np.asarray(seeds)
+    C.check_callable(fn, "fn")
+    try:
+        seeds = np.asarray(seeds)
+    except Exception:
+        raise ValueError(f"`seeds` must be a non-empty 1-D sequence of ints; got {type(seeds).__name__}") from None
     if seeds.ndim != 1 or seeds.size == 0 or not np.issubdtype(seeds.dtype, np.integer):
         raise ValueError(f"`seeds` must be a non-empty 1-D sequence of ints; got {seeds!r}")
-    devices = list(jax.devices() if devices is None else devices)
+    if seeds.min() < 0 or seeds.max() >= 2**32:  # the keys are built from uint32 seeds: no silent wrap-around
+        raise ValueError(f"`seeds` must lie in [0, 2**32); got {seeds!r}")
+    try:
+        devices = list(jax.devices() if devices is None else devices)
+    except TypeError:
+        raise ValueError(f"`devices` must be a sequence of jax devices; got {type(devices).__name__}") from None
+    if not devices or not all(isinstance(dev, jax.Device) for dev in devices):
+        raise ValueError(f"`devices` must be a non-empty sequence of jax devices; got {devices!r}")
     n_dev = len(devices)
     padded = np.concatenate([seeds, np.repeat(seeds[-1:], (-len(seeds)) % n_dev)])
     mesh = jax.sharding.Mesh(np.array(devices), ("seeds",))
@@ -376,4 +502,15 @@ def sharded_sweep(fn: Callable, seeds, *, devices=None):
 
 
 def _sweep_jit(fn, sharding):
-    return jax.jit(jax.vmap(lambda s: fn(jax.random.key(s))), in_shardings=sharding, out_shardings=sharding)
+    """The compiled sweep: ``fn`` is a static argument of one module-level ``jax.jit`` (JAX's cache)."""
+    try:
+        hash(fn)
+    except TypeError:  # an unhashable fn: a fresh jit of its own
+        return jax.jit(lambda seeds: _sweep.__wrapped__(fn, seeds), out_shardings=sharding)
+    return lambda seeds: _sweep(fn, seeds)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _sweep(fn, seeds):
+    # the seeds arrive sharded over the mesh; GSPMD partitions the vmapped runs accordingly
+    return jax.vmap(lambda s: fn(jax.random.key(s)))(seeds)
