@@ -57,7 +57,7 @@ repro: $(STAMP)
 
 twins: $(STAMP)
 	for md in book/[0-9][0-9]_*.md book/template.md; do \
-		$(BIN)/jupytext --to ipynb --update-metadata '{"jupytext": null}' "$$md" -o "$${md%.md}.ipynb" >/dev/null || exit 1; \
+		$(BIN)/jupytext --to ipynb --update "$$md" -o "$${md%.md}.ipynb" >/dev/null || exit 1; \
 	done
 
 clean:
