@@ -96,7 +96,7 @@ def _cache_size(fn):
 def test_no_recompilation_for_repeated_shapes():
     """Fresh arrays of the same shapes and dtypes reuse the compiled kernels."""
     for kernel, block in ((A._softmax_blocked, 64), (A._softmax_dense, None), (A._softmax_blocked, "auto")):
-        L = 10_007 if block == "auto" else 1_003  # "auto" streams only prompts longer than four blocks
+        L = 20_011 if block == "auto" else 1_003  # "auto" streams only prompts longer than eight blocks
         q, toks, U, V = inputs(256 if block == "auto" else 6, L, 3, 3, jnp.float32)
         softmax_attention(q, toks, U, V, block_size=block).block_until_ready()
         before = _cache_size(kernel)
