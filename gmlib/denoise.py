@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
+from gmlib._pytree import validated_pytree
 from gmlib.attention import population_attention, softmax_attention
 from gmlib.mixture import GaussianMixture
 from gmlib.quadrature import gauss_hermite
@@ -105,7 +106,7 @@ def _unit_orthogonal(basis):
 # ----------------------------------------------------------------------------- the problem
 
 
-@jax.tree_util.register_pytree_node_class
+@validated_pytree
 @dataclass(frozen=True, eq=False)
 class DenoisingProblem:
     r"""Denoising :math:`X \sim \sum_k \pi_k \mathcal N(m_k, \gamma^2 I_d)` from :math:`Z = X + \xi\,\varepsilon`.
@@ -168,17 +169,6 @@ class DenoisingProblem:
                 raise ValueError(f"`means` must be pairwise distinct; rows {i} and {j} are equal")
         for name, value in (("weights", weights), ("means", means), ("gamma", gamma), ("xi", xi)):
             object.__setattr__(self, name, value)
-
-    # -- pytree protocol: unflattening never re-validates (leaves may be tracers)
-    def tree_flatten(self):
-        return (self.weights, self.means, self.gamma, self.xi), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, leaves):
-        obj = object.__new__(cls)
-        for name, leaf in zip(("weights", "means", "gamma", "xi"), leaves):
-            object.__setattr__(obj, name, leaf)
-        return obj
 
     def astype(self, dtype) -> "DenoisingProblem":
         """The same problem with every parameter cast to ``dtype``."""

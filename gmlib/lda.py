@@ -48,6 +48,7 @@ import numpy as np
 import optax
 
 from gmlib import _checks as C
+from gmlib._pytree import validated_pytree
 from gmlib.mixture import GaussianMixture
 
 __all__ = [
@@ -72,7 +73,7 @@ def _logit(p):
     return jnp.log(p) - jnp.log1p(-p)
 
 
-@jax.tree_util.register_pytree_node_class
+@validated_pytree
 @dataclass(frozen=True, eq=False)
 class LDAProblem:
     r"""The LDA model :math:`X \mid Y = c \sim \mathcal N(m_c, \Gamma)`, :math:`P(Y = 1) = \pi_+` (eq 4).
@@ -127,17 +128,6 @@ class LDAProblem:
             raise ValueError(f"`p_pos` must lie in the open interval (0, 1); got {float(p_pos)!r}")
         for name, val in (("mean_pos", mean_pos), ("mean_neg", mean_neg), ("cov", cov), ("p_pos", p_pos)):
             object.__setattr__(self, name, val)
-
-    # -- pytree protocol: unflattening never re-validates (leaves may be tracers)
-    def tree_flatten(self):
-        return (self.mean_pos, self.mean_neg, self.cov, self.p_pos), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, leaves):
-        obj = object.__new__(cls)
-        for name, leaf in zip(("mean_pos", "mean_neg", "cov", "p_pos"), leaves):
-            object.__setattr__(obj, name, leaf)
-        return obj
 
     @property
     def dim(self) -> int:
@@ -255,7 +245,7 @@ def _check_points(problem, x):
 # ----------------------------------------------------------------------------- head parameters
 
 
-@jax.tree_util.register_pytree_node_class
+@validated_pytree
 @dataclass(frozen=True, eq=False)
 class HeadParams:
     r"""The head parameters :math:`\theta = (U_{11}, u_{12}, v_{21}, v_{22})` that act at a query :math:`(x, 0)`.
@@ -283,16 +273,6 @@ class HeadParams:
         dtype = C.common_float_dtype(U11, u12, v21, v22)
         for name, val in (("U11", U11), ("u12", u12), ("v21", v21), ("v22", v22)):
             object.__setattr__(self, name, C.as_float_array(val, name, dtype))
-
-    def tree_flatten(self):
-        return (self.U11, self.u12, self.v21, self.v22), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, leaves):
-        obj = object.__new__(cls)
-        for name, leaf in zip(("U11", "u12", "v21", "v22"), leaves):
-            object.__setattr__(obj, name, leaf)
-        return obj
 
     @classmethod
     def zeros(cls, d: int, dtype=None) -> "HeadParams":

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
+from gmlib._pytree import validated_pytree
 
 __all__ = ["GaussianMixture", "psd_sqrt"]
 
@@ -55,7 +56,7 @@ def _psd_sqrt(mats):
     return (q * jnp.sqrt(jnp.clip(lam, 0.0))[..., None, :]) @ jnp.swapaxes(q, -1, -2)
 
 
-@jax.tree_util.register_pytree_node_class
+@validated_pytree
 @dataclass(frozen=True, eq=False)
 class GaussianMixture:
     r"""A Gaussian mixture :math:`\mu = \sum_{k=1}^M \pi_k \, \mathcal N(m_k, \Gamma_k)` on :math:`\mathbb R^D`.
@@ -134,17 +135,6 @@ class GaussianMixture:
         var = jnp.broadcast_to(std**2, (m,))
         covs = var[:, None, None] * jnp.eye(d, dtype=dtype)
         return cls(weights, means, covs)
-
-    # -- pytree protocol: unflattening never re-validates (leaves may be tracers or sentinels)
-    def tree_flatten(self):
-        return (self.weights, self.means, self.covs), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, leaves):
-        obj = object.__new__(cls)
-        for name, leaf in zip(("weights", "means", "covs"), leaves):
-            object.__setattr__(obj, name, leaf)
-        return obj
 
     @property
     def n_components(self) -> int:
