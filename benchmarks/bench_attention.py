@@ -80,7 +80,7 @@ def _gmlib_call(impl):
     import gmlib
 
     block = None if impl == "unblocked" else "auto"
-    return lambda q, t, U, V: gmlib.softmax_attention(q, t, U, V, block_size=block).block_until_ready()
+    return lambda q, t, U, V: gmlib.softmax_attention(t, q, U, V, block_size=block).block_until_ready()
 
 
 def xla_temp_bytes(impl: str, L: int):
@@ -215,7 +215,7 @@ def run(quick: bool, log) -> tuple[list[Table], list[Goal]]:
         c_base = min((cpu[k] for k in ("numpy", "numpy1") if k in cpu), default=None)
         cpu_ratio = None if c_base is None else c_base / cpu["blocked"]
         ref = numpy_attention(q, t, U, V) if t_np is not None else None
-        out = np.asarray(gmlib.softmax_attention(qj, tj, Uj, Vj, block_size="auto"))
+        out = np.asarray(gmlib.softmax_attention(tj, qj, Uj, Vj, block_size="auto"))
         err = None if ref is None else float(np.abs(out - ref).max() / np.abs(ref).max())
         t_kernel = None
         if not on_cpu:  # the roofline wants the device's time alone (validation copies tokens to the host)

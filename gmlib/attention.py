@@ -76,7 +76,7 @@ def _check_mixture(mixture, queries, U, V=None):
 # ----------------------------------------------------------------------------- finite prompts
 
 
-def softmax_attention(queries, tokens, U, V, *, block_size=None):
+def softmax_attention(tokens, queries, U, V, *, block_size=None):
     r"""Softmax attention of ``queries`` over a finite prompt of ``tokens``.
 
     Let :math:`z` denote a row of ``queries`` (n, D) and :math:`z_1, \dots, z_L` the
@@ -99,8 +99,8 @@ def softmax_attention(queries, tokens, U, V, *, block_size=None):
     and numerical limits" at the end of this page.
 
     Args:
-        queries: shape (n, D).
         tokens: the prompt, shape (L, D), L ≥ 1.
+        queries: shape (n, D).
         U: interaction matrix, shape (D, D).
         V: value matrix, shape (D_out, D).
         block_size: ``None`` (one pass over all tokens), a positive int, or
@@ -117,7 +117,7 @@ def softmax_attention(queries, tokens, U, V, *, block_size=None):
             empty prompt or a non-positive ``block_size``.
 
     Example:
-        >>> out = softmax_attention(q, toks, jnp.eye(2), jnp.eye(2), block_size=4096)
+        >>> out = softmax_attention(toks, q, jnp.eye(2), jnp.eye(2), block_size=4096)
 
     This is eq 1 of the paper on the empirical measure of the tokens.
     """
@@ -211,7 +211,7 @@ def _softmax_blocked(queries, tokens, U, V, block_size: int):
     return out @ V.T if at_end else out
 
 
-def linear_attention(queries, tokens, U, V):
+def linear_attention(tokens, queries, U, V):
     r"""Linear attention of ``queries`` over a finite prompt of ``tokens``.
 
     .. math::
@@ -226,8 +226,8 @@ def linear_attention(queries, tokens, U, V):
     :math:`\frac1L \sum_i z_i z_i^\top` nearly vanishes along :math:`U z`).
 
     Args:
-        queries: shape (n, D).
         tokens: shape (L, D), L ≥ 1.
+        queries: shape (n, D).
         U: shape (D, D).
         V: shape (D_out, D).
 

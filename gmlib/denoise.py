@@ -649,7 +649,7 @@ def _check_heads(heads, dim: int):
 def _attend(prompt, queries, U, V, block_size):
     if isinstance(prompt, GaussianMixture):
         return population_attention(prompt, queries, U, V)
-    return softmax_attention(queries, prompt, U, V, block_size=block_size)
+    return softmax_attention(prompt, queries, U, V, block_size=block_size)
 
 
 # ----------------------------------------------------------------------------- linear attention

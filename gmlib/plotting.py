@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PALETTE", "STYLE", "loglog_slope"]
+__all__ = ["PALETTE", "STYLE", "glue", "loglog_slope"]
 
 #: Okabe–Ito colour-blind-safe palette, in the order the book uses it.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
@@ -68,3 +68,35 @@ def loglog_slope(x, y):
         raise ValueError("`x` must hold at least two distinct values to fit a slope")
     slope, intercept = np.polyfit(lx, np.log(y), 1)
     return float(slope), float(intercept)
+
+
+_GLUE_PREFIX = "application/papermill.record/"
+
+
+def glue(name: str, value):
+    """Record ``value`` under ``name`` for the book's prose, and return it.
+
+    The text quotes it as ``{glue:text}`name``` or, formatted, ``{glue:text}`name:.3g```
+    (myst-nb's glue protocol; nothing is shown in the notebook). NumPy and JAX scalars
+    are recorded as Python numbers, so a format spec applies to them. Without IPython
+    (a plain script) it only returns ``value``.
+
+    Example:
+        >>> slope = glue("slope", loglog_slope(lengths, errors))
+    """
+    try:
+        from IPython import get_ipython
+        from IPython.core.formatters import format_display_data
+        from IPython.display import display
+    except ImportError:  # a plain Python process: nothing to record into
+        return value
+    if get_ipython() is None:
+        return value
+    shown = value
+    if np.ndim(value) == 0 and not isinstance(value, (str, bytes)):
+        item = np.asarray(value).item()
+        shown = item if isinstance(item, (bool, int, float)) else value
+    bundle, metadata = format_display_data(shown)
+    metadata["scrapbook"] = dict(name=name, mime_prefix=_GLUE_PREFIX)
+    display({_GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+    return value

@@ -157,9 +157,9 @@ def apply_heads(params, tokens, queries, *, kind: str = "softmax", residual: boo
     heads = []
     for U, V in zip(params["U"], params["V"]):
         if kind == "softmax":
-            out = softmax_attention(queries, tokens, U, V, block_size=block_size)
+            out = softmax_attention(tokens, queries, U, V, block_size=block_size)
         else:
-            out = linear_attention(queries, tokens, U, V)
+            out = linear_attention(tokens, queries, U, V)
         heads.append(out + queries if residual else out)
     if "W_out" in params:
         return jnp.concatenate(heads, axis=-1) @ params["W_out"].T

@@ -82,7 +82,7 @@ def problems(seed=0):
     def softmax(U, block):
         def run(dtype):
             args = [a.astype(dtype) for a in (q, toks, U, V)]
-            return softmax_attention(*args, block_size=block), _softmax_ref(*args)
+            return softmax_attention(args[1], args[0], *args[2:], block_size=block), _softmax_ref(*args)
         return run
 
     M = 4

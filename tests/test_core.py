@@ -69,9 +69,9 @@ def test_softmax_attention_matches_numpy_loop():
     q = RNG.normal(size=(7, 3))
     U, V = RNG.normal(size=(3, 3)), RNG.normal(size=(2, 3))
     expected = numpy_softmax_attention(q, toks, U, V)
-    np.testing.assert_allclose(softmax_attention(q, toks, U, V), expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(softmax_attention(toks, q, U, V), expected, rtol=1e-10, atol=1e-12)
     for block in (1, 16, 100, 256, 257, 1000):
-        np.testing.assert_allclose(softmax_attention(q, toks, U, V, block_size=block), expected,
+        np.testing.assert_allclose(softmax_attention(toks, q, U, V, block_size=block), expected,
                                    rtol=1e-10, atol=1e-12)
 
 
@@ -82,7 +82,7 @@ def test_softmax_attention_huge_scores_stay_finite():
     V = np.eye(2)
     expected = numpy_softmax_attention(q, toks, U, V)
     for block in (None, 64):
-        out = softmax_attention(q, toks, U, V, block_size=block)
+        out = softmax_attention(toks, q, U, V, block_size=block)
         assert np.all(np.isfinite(out))
         np.testing.assert_allclose(out, expected, rtol=1e-9, atol=1e-9)
 
@@ -92,7 +92,7 @@ def test_linear_attention_matches_numpy_loop():
     q = RNG.normal(size=(5, 3))
     U, V = RNG.normal(size=(3, 3)), RNG.normal(size=(4, 3))
     expected = np.array([sum((t @ U @ z) * (V @ t) for t in toks) / len(toks) for z in q])
-    np.testing.assert_allclose(linear_attention(q, toks, U, V), expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(linear_attention(toks, q, U, V), expected, rtol=1e-10, atol=1e-12)
 
 
 def test_float32_inputs_give_float32_outputs():
@@ -101,7 +101,7 @@ def test_float32_inputs_give_float32_outputs():
     U, V = np.eye(2, dtype=np.float32), np.eye(2, dtype=np.float32)
     expected = numpy_softmax_attention(q.astype(np.float64), toks.astype(np.float64), U, V)
     for block in (None, 32):
-        out = softmax_attention(q, toks, U, V, block_size=block)
+        out = softmax_attention(toks, q, U, V, block_size=block)
         assert out.dtype == jnp.float32
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     mix = GaussianMixture(np.array([0.5, 0.5], np.float32), np.eye(2, dtype=np.float32),
@@ -115,7 +115,7 @@ def test_finite_kernels_jit_vmap_grad():
     V = jnp.eye(2)
 
     def loss(U, block):
-        return jnp.sum(softmax_attention(q, toks, U, V, block_size=block) ** 2)
+        return jnp.sum(softmax_attention(toks, q, U, V, block_size=block) ** 2)
 
     U = jnp.asarray(RNG.normal(size=(2, 2)))
     g_dense = jax.grad(loss)(U, None)
@@ -125,9 +125,9 @@ def test_finite_kernels_jit_vmap_grad():
     E = jnp.zeros((2, 2)).at[0, 1].set(1.0)
     fd = (loss(U + eps * E, None) - loss(U - eps * E, None)) / (2 * eps)
     np.testing.assert_allclose(g_dense[0, 1], fd, rtol=1e-6)
-    jitted = jax.jit(lambda q: softmax_attention(q, toks, U, V, block_size=16))
-    np.testing.assert_allclose(jitted(q), softmax_attention(q, toks, U, V), rtol=1e-12)
-    batched = jax.vmap(lambda t: softmax_attention(q, t, U, V))(jnp.stack([toks, toks[::-1]]))
+    jitted = jax.jit(lambda q: softmax_attention(toks, q, U, V, block_size=16))
+    np.testing.assert_allclose(jitted(q), softmax_attention(toks, q, U, V), rtol=1e-12)
+    batched = jax.vmap(lambda t: softmax_attention(t, q, U, V))(jnp.stack([toks, toks[::-1]]))
     np.testing.assert_allclose(batched[0], batched[1], rtol=1e-12)  # a prompt is a set: order is irrelevant
 
 
@@ -152,7 +152,7 @@ def test_population_attention_against_large_prompt(make):
     q = 0.5 * RNG.normal(size=(4, 3))
     U, V = 0.5 * RNG.normal(size=(3, 3)), np.eye(3)
     toks, _ = mix.sample(jax.random.key(1), 2_000_000)
-    finite = softmax_attention(q, toks, U, V, block_size=1 << 16)
+    finite = softmax_attention(toks, q, U, V, block_size=1 << 16)
     pop = population_attention(mix, q, U, V)
     # Monte Carlo error ~ exp(u^T Γ u / 2) / sqrt(L); here about 1e-3. A wrong gate or a
     # missing Γ U z term is off by O(0.1).
@@ -187,7 +187,7 @@ def test_population_linear_attention_weighs_components_by_pi():
                    for k in range(3))
     np.testing.assert_allclose(population_linear_attention(mix, q, U, V), expected, rtol=1e-10)
     toks, _ = mix.sample(jax.random.key(2), 400_000)
-    np.testing.assert_allclose(linear_attention(q, toks, U, V), expected, atol=5e-2)
+    np.testing.assert_allclose(linear_attention(toks, q, U, V), expected, atol=5e-2)
 
 
 def test_population_attention_grad_matches_finite_differences():
@@ -301,15 +301,15 @@ def test_attention_rejects_bad_input():
     toks, q = np.ones((5, 2)), np.ones((3, 2))
     U, V = np.eye(2), np.eye(2)
     cases = [
-        (lambda: softmax_attention(q, np.ones((0, 2)), U, V), "tokens"),
-        (lambda: softmax_attention(q, toks, np.eye(3), V), "U"),
-        (lambda: softmax_attention(q, toks, U, np.ones((2, 3))), "V"),
-        (lambda: softmax_attention(np.ones((3, 3)), toks, U, V), "queries"),
-        (lambda: softmax_attention(np.ones(2), toks, U, V), "queries"),
-        (lambda: softmax_attention(q, toks, U, V, block_size=0), "block_size"),
-        (lambda: softmax_attention(q, toks, U, V, block_size=2.5), "block_size"),
-        (lambda: softmax_attention(q, toks * np.inf, U, V), "tokens"),
-        (lambda: linear_attention(q, toks, U * np.nan, V), "U"),
+        (lambda: softmax_attention(np.ones((0, 2)), q, U, V), "tokens"),
+        (lambda: softmax_attention(toks, q, np.eye(3), V), "U"),
+        (lambda: softmax_attention(toks, q, U, np.ones((2, 3))), "V"),
+        (lambda: softmax_attention(toks, np.ones((3, 3)), U, V), "queries"),
+        (lambda: softmax_attention(toks, np.ones(2), U, V), "queries"),
+        (lambda: softmax_attention(toks, q, U, V, block_size=0), "block_size"),
+        (lambda: softmax_attention(toks, q, U, V, block_size=2.5), "block_size"),
+        (lambda: softmax_attention(toks * np.inf, q, U, V), "tokens"),
+        (lambda: linear_attention(toks, q, U * np.nan, V), "U"),
         (lambda: population_attention("not a mixture", q, U, V), "mixture"),
         (lambda: population_attention(unequal_mixture(), q, U, V), "queries"),
         (lambda: gates(unequal_mixture(), np.ones((2, 3)), U), "U"),

@@ -58,12 +58,12 @@ def test_softmax_attention_scores_up_to_1e4(score, block):
     q *= np.sqrt(score) / np.linalg.norm(q, axis=1, keepdims=True)
     U, V = np.sqrt(score) * np.eye(3) / 2, RNG.normal(size=(2, 3))
     ref = ref_softmax_attention(q, toks, U, V)
-    out = softmax_attention(q, toks, U, V, block_size=block)
+    out = softmax_attention(toks, q, U, V, block_size=block)
     assert np.all(np.isfinite(out))
     assert rel_err(out, ref) < 1e-11
     # float32: finite, and relative error ~ eps32 * |score| (the rounding of the scores themselves)
     f32 = [a.astype(np.float32) for a in (q, toks, U, V)]
-    out32 = softmax_attention(*f32, block_size=block)
+    out32 = softmax_attention(f32[1], f32[0], *f32[2:], block_size=block)
     assert out32.dtype == jnp.float32 and np.all(np.isfinite(out32))
     assert rel_err(out32, ref_softmax_attention(*f32, )) < 2e-7 * score * 10
 
@@ -73,7 +73,7 @@ def test_softmax_attention_query_far_from_the_data():
     toks = RNG.normal(size=(200, 2))
     q = np.array([[1e3, 0.0], [0.0, -1e3], [7e2, 7e2]])
     U, V = np.eye(2), np.eye(2)
-    out = softmax_attention(q, toks, U, V)
+    out = softmax_attention(toks, q, U, V)
     np.testing.assert_allclose(out, ref_softmax_attention(q, toks, U, V), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out[0], toks[np.argmax(toks[:, 0])], atol=1e-6)  # essentially a hard max
 
@@ -83,7 +83,7 @@ def test_softmax_attention_tied_extreme_scores():
     toks = np.array([[100.0, 1.0], [100.0, -1.0], [0.0, 0.0]])
     q = np.array([[100.0, 0.0]])
     for block in (None, 1, 2):
-        out = softmax_attention(q, toks, np.eye(2), np.eye(2), block_size=block)
+        out = softmax_attention(toks, q, np.eye(2), np.eye(2), block_size=block)
         np.testing.assert_allclose(out, [[100.0, 0.0]], atol=1e-12)
 
 

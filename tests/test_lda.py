@@ -119,7 +119,7 @@ def test_predict_matches_finite_prompt_softmax_attention():
     toks, _ = P.tokens().sample(jax.random.key(5), L)
     x = np.array([[0.5, -0.3], [-1.0, 0.8], [0.0, 0.0]])
     q = np.concatenate([x, np.zeros((3, 1))], axis=1)
-    out = gmlib.softmax_attention(q, toks, U, V, block_size=100_000)[:, -1]
+    out = gmlib.softmax_attention(toks, q, U, V, block_size=100_000)[:, -1]
     err = np.abs(np.asarray(out) - np_predict(C1, th, x))
     assert err.max() < 0.02, err  # standard error ~ 2e-3 here
     # and the limit is not a coincidence: a wrong sign of u12 moves the answer by far more

@@ -40,11 +40,11 @@ TOL = {jnp.float32: dict(rtol=2e-4, atol=2e-5), jnp.float64: dict(rtol=1e-10, at
 def test_blocked_matches_unblocked_and_numpy(dtype, L, D_out):
     q, toks, U, V = inputs(7, L, 3, D_out, dtype, scale=3.0)
     expected = numpy_reference(q, toks, U, V)
-    dense = softmax_attention(q, toks, U, V)
+    dense = softmax_attention(toks, q, U, V)
     assert dense.dtype == dtype
     np.testing.assert_allclose(dense, expected, **TOL[dtype])
     for block in (1, 7, 64, 1000, L + 3):  # L not a multiple of the block, and blocks longer than L
-        out = softmax_attention(q, toks, U, V, block_size=block)
+        out = softmax_attention(toks, q, U, V, block_size=block)
         assert out.dtype == dtype and out.shape == (7, D_out)
         np.testing.assert_allclose(out, dense, **TOL[dtype], err_msg=f"L={L}, block_size={block}")
         if block >= L:  # the public function takes the one-pass path there: check the kernel itself
@@ -54,21 +54,21 @@ def test_blocked_matches_unblocked_and_numpy(dtype, L, D_out):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_auto_block_size(dtype):
     q, toks, U, V = inputs(256, 20_000, 4, 4, dtype)
-    out = softmax_attention(q, toks, U, V, block_size="auto")
+    out = softmax_attention(toks, q, U, V, block_size="auto")
     np.testing.assert_allclose(out, numpy_reference(q, toks, U, V), **TOL[dtype])
     for n in (1, 3, 256, 4096):
         for L in (1, 100, 5000, 10**6):
             b = A._auto_block_size(n, L)
             assert b == L or (b & (b - 1) == 0 and 256 <= b < L), (n, L, b)
     with pytest.raises(ValueError, match="block_size"):
-        softmax_attention(q, toks, U, V, block_size="fast")
+        softmax_attention(toks, q, U, V, block_size="fast")
 
 
 def test_blocked_stays_finite_for_huge_scores():
     q, toks, U, V = inputs(5, 999, 3, 3, jnp.float64, scale=3e3)  # scores of order 1e3 to 1e4
     expected = numpy_reference(q, toks, U, V)
     for block in (10, 128):
-        out = softmax_attention(q, toks, U, V, block_size=block)
+        out = softmax_attention(toks, q, U, V, block_size=block)
         assert np.all(np.isfinite(out))
         np.testing.assert_allclose(out, expected, rtol=1e-9, atol=1e-9)
 
@@ -78,7 +78,7 @@ def test_blocked_gradients_match_unblocked(D_out):
     q, toks, U, V = inputs(4, 301, 3, D_out, jnp.float64)
 
     def loss(U, V, block):
-        return jnp.sum(softmax_attention(q, toks, U, V, block_size=block) ** 2)
+        return jnp.sum(softmax_attention(toks, q, U, V, block_size=block) ** 2)
 
     g_dense = jax.grad(loss, argnums=(0, 1))(U, V, None)
     g_block = jax.grad(loss, argnums=(0, 1))(U, V, 32)
@@ -98,19 +98,19 @@ def test_no_recompilation_for_repeated_shapes():
     for kernel, block in ((A._softmax_blocked, 64), (A._softmax_dense, None), (A._softmax_blocked, "auto")):
         L = 20_011 if block == "auto" else 1_003  # "auto" streams only prompts longer than eight blocks
         q, toks, U, V = inputs(256 if block == "auto" else 6, L, 3, 3, jnp.float32)
-        softmax_attention(q, toks, U, V, block_size=block).block_until_ready()
+        softmax_attention(toks, q, U, V, block_size=block).block_until_ready()
         before = _cache_size(kernel)
         for seed in range(4):
             q2, toks2, U2, V2 = (x + seed for x in (q, toks, U, V))
-            softmax_attention(q2, toks2, U2, V2, block_size=block).block_until_ready()
-            softmax_attention(np.asarray(q2), np.asarray(toks2), U2, V2, block_size=block)  # numpy in
+            softmax_attention(toks2, q2, U2, V2, block_size=block).block_until_ready()
+            softmax_attention(np.asarray(toks2), np.asarray(q2), U2, V2, block_size=block)  # numpy in
         assert _cache_size(kernel) == before, f"{kernel.__name__} recompiled for block_size={block}"
     # a new block size is a new static argument: exactly one more compilation, then none
     start = _cache_size(A._softmax_blocked)
-    softmax_attention(q, toks, U, V, block_size=96)
+    softmax_attention(toks, q, U, V, block_size=96)
     after = _cache_size(A._softmax_blocked)
     assert after == start + 1  # the counter does see compilations
-    softmax_attention(q + 1, toks, U, V, block_size=96)
+    softmax_attention(toks, q + 1, U, V, block_size=96)
     assert _cache_size(A._softmax_blocked) == after
 
 

@@ -464,8 +464,8 @@ def test_softmax_attention_constant_score_shift(args, a, b, q0):
     q2 = np.concatenate([q, np.full((q.shape[0], 1), q0, dtype)], axis=1)
     t2 = np.concatenate([toks, np.ones((toks.shape[0], 1), dtype)], axis=1)
     V2 = np.concatenate([V, np.zeros((V.shape[0], 1), dtype)], axis=1)
-    base = np.asarray(softmax_attention(q, toks, U, V), np.float64)
-    shifted = np.asarray(softmax_attention(q2, t2, U2, V2), np.float64)
+    base = np.asarray(softmax_attention(toks, q, U, V), np.float64)
+    shifted = np.asarray(softmax_attention(t2, q2, U2, V2), np.float64)
     scale = 1 + np.abs(toks @ V.T).max()
     # float32: the shift (up to ~200) costs eps * |shift| in each score
     np.testing.assert_allclose(shifted, base, atol=(10 * tol(dtype) if dtype == np.float64 else 3e-3) * scale)
@@ -595,7 +595,7 @@ def test_population_and_large_prompt_agree(args, seed):
     mix, q, U, V = (args[k] for k in ("mixture", "queries", "U", "V"))
     U = 0.4 * U  # ||U z|| of order one: the importance weights keep a large effective sample size
     toks, _ = mix.sample(jax.random.key(seed), 8192)
-    finite = np.asarray(softmax_attention(q, toks, U, V), np.float64)
+    finite = np.asarray(softmax_attention(toks, q, U, V), np.float64)
     pop = np.asarray(population_attention(mix, q, U, V), np.float64)
     toks = np.asarray(toks, np.float64)
     s = toks @ (U @ q.T)  # (L, n) scores

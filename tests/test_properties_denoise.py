@@ -201,7 +201,7 @@ def test_multi_head_attention_is_the_sum_of_heads(prompt, n_heads, dtype, data, 
              for _ in range(n_heads)]
     out = _np(dn.multi_head_attention(toks, q, heads, block_size=block))
     assert out.shape == (3, 2) and np.all(np.isfinite(out))
-    expected = sum(_np(softmax_attention(q, toks, U, V)) for U, V in heads)
+    expected = sum(_np(softmax_attention(toks, q, U, V)) for U, V in heads)
     t = tol(dtype)
     sc = (1 + np.abs(_np(toks)).max() * 2 * 1.5 * D) * n_heads
     np.testing.assert_allclose(out, expected, atol=10 * t * sc)
@@ -274,7 +274,7 @@ def test_in_context_denoise(prob, z, finite, seed):
                               rng.normal(size=(3, 2 * prob.dim)).astype(prob.dtype))
     p = rand if finite else params
     got = _np(dn.in_context_denoise(p, toks, z))
-    heads = [_np(z) + _np(softmax_attention(z, toks, U, V)) for U, V in ((p.U1, p.V1), (p.U2, p.V2))]
+    heads = [_np(z) + _np(softmax_attention(toks, z, U, V)) for U, V in ((p.U1, p.V1), (p.U2, p.V2))]
     expected = np.concatenate(heads, axis=1) @ _np(p.W_out).T
     np.testing.assert_allclose(got, expected, atol=100 * t * sc * (1 + np.abs(expected).max()))
 

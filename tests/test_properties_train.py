@@ -78,7 +78,7 @@ def test_apply_heads_formula_and_symmetries(layer, seed):
     t = tol(toks.dtype)
     out = _np(train.apply_heads(params, toks, q, kind=kind, residual=residual))
     op = softmax_attention if kind == "softmax" else linear_attention
-    heads = [_np(op(q, toks, U, V)) + (_np(q) if residual else 0) for U, V in zip(params["U"], params["V"])]
+    heads = [_np(op(toks, q, U, V)) + (_np(q) if residual else 0) for U, V in zip(params["U"], params["V"])]
     expected = np.concatenate(heads, axis=1) @ _np(params["W_out"]).T if "W_out" in params else sum(heads)
     assert out.shape == expected.shape and np.all(np.isfinite(out))
     sc = 10 * t * (1 + np.abs(expected).max()) * 30

@@ -24,12 +24,12 @@ def test_apply_heads_against_direct_sum():
     toks = jax.random.normal(jax.random.key(1), (40, 2))
     q = jax.random.normal(jax.random.key(2), (5, 2))
     for kind, op in [("softmax", softmax_attention), ("linear", linear_attention)]:
-        heads = [op(q, toks, params["U"][h], params["V"][h]) + q for h in range(3)]
+        heads = [op(toks, q, params["U"][h], params["V"][h]) + q for h in range(3)]
         expected = np.concatenate([np.asarray(h) for h in heads], axis=1) @ np.asarray(params["W_out"]).T
         np.testing.assert_allclose(train.apply_heads(params, toks, q, kind=kind, residual=True), expected,
                                    rtol=1e-12)
     no_out = {"U": params["U"], "V": params["V"]}
-    summed = sum(softmax_attention(q, toks, params["U"][h], params["V"][h]) for h in range(3))
+    summed = sum(softmax_attention(toks, q, params["U"][h], params["V"][h]) for h in range(3))
     np.testing.assert_allclose(train.apply_heads(no_out, toks, q), summed, rtol=1e-12)
 
 
