@@ -8,6 +8,7 @@ Submodules: :mod:`gmlib.lda` (LDA with one head), :mod:`gmlib.denoise`
 (denoising), :mod:`gmlib.plotting` (the book's figure style).
 """
 
+from gmlib._loop import TrainResult, run_chunks
 from gmlib.attention import (
     gates,
     linear_attention,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "GaussianMixture",
+    "TrainResult",
     "gates",
     "gauss_hermite",
     "linear_attention",
@@ -30,5 +32,6 @@ __all__ = [
     "population_attention",
     "population_linear_attention",
     "psd_sqrt",
+    "run_chunks",
     "softmax_attention",
 ]

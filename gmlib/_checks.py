@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "array",
+    "scalar",
     "as_float_array",
     "common_float_dtype",
     "is_concrete",
@@ -86,6 +88,140 @@ def as_float_array(x, name: str, dtype=None):
     if dtype is None:
         dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else common_float_dtype()
     return x.astype(dtype)
+
+
+def _describe(shape) -> str:
+    return "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+
+
+def _real_dtype(dt, name: str) -> None:
+    """Raise unless ``dt`` is a real numeric dtype JAX supports."""
+    dt = np.dtype(dt)
+    if dt == object or not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)
+                            or np.issubdtype(dt, np.bool_) or str(dt) == "bfloat16"):
+        raise ValueError(f"`{name}` must be a real numeric array; got dtype {dt}")
+    if np.issubdtype(dt, np.floating) and dt.itemsize > 8:  # float128: JAX has none
+        raise ValueError(f"`{name}` has dtype {dt}, which JAX does not support; convert it to float64 or float32")
+
+
+@jax.jit
+def _all_finite(x):
+    return jnp.isfinite(x).all()
+
+
+def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, finite: bool = True):
+    """Convert ``x`` to a floating JAX array and check its shape and finiteness, in one call.
+
+    Args:
+        x: an array-like (numpy array, JAX array, nested lists, a number).
+        name: the argument's name, quoted in every error message.
+        shape: ``None`` (any shape) or a tuple whose ``None`` entries match any size.
+        dtype: the floating dtype of the result; default: ``x``'s own floating dtype
+            (integers and booleans become JAX's default float).
+        desc: how the expected shape reads in the message, e.g. ``"(n, D) with D = 3"``.
+        finite: check that the values are finite. Done on concrete values only (not on
+            abstract tracers under ``jit``): a numpy input is checked on the host before it
+            is copied, a JAX array with one fused reduction (one scalar comes back).
+
+    Returns:
+        a JAX array.
+
+    Raises:
+        ValueError: naming ``name``: non-numeric or complex input, a wrong shape,
+            NaN or infinite entries.
+    """
+    traced = isinstance(x, jax.core.Tracer)
+    if isinstance(x, jax.Array):  # a JAX array or a tracer: no copy to the host
+        _real_dtype(x.dtype, name)
+    else:
+        try:
+            host = np.asarray(x)
+        except Exception as exc:  # ragged lists and the like
+            raise ValueError(f"`{name}` must be a numeric array; got {type(x).__name__} ({exc})") from None
+        _real_dtype(host.dtype, name)
+        target = jax.dtypes.canonicalize_dtype(_float(host.dtype, dtype))
+        with np.errstate(over="ignore"):  # an overflow to inf is reported just below
+            host = host.astype(target, copy=False)
+        if finite and not np.isfinite(host).all():  # on the host, before the copy
+            raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
+        finite = False
+        x = jnp.asarray(host)
+    target = _float(x.dtype, dtype)
+    if x.dtype != target:
+        finite = finite and jnp.issubdtype(x.dtype, jnp.inexact)
+        x = x.astype(target)
+    if shape is not None and (x.ndim != len(shape) or any(s is not None and s != t for s, t in zip(shape, x.shape))):
+        raise ValueError(f"`{name}` must have shape {desc or _describe(shape)}; got {tuple(x.shape)}")
+    if finite and not traced:
+        with jax.ensure_compile_time_eval():  # a concrete array met while tracing a jit: still check it now
+            ok = bool(_all_finite(x))
+        if not ok:
+            raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
+    return x
+
+
+def _float(dt, dtype):
+    """The floating dtype an array of dtype ``dt`` becomes (``dtype`` when given)."""
+    if dtype is not None:
+        return dtype
+    if jnp.issubdtype(dt, jnp.floating):
+        return dt
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
+def scalar(x, name: str, *, low=None, high=None, strict: bool = True, integer: bool = False):
+    """A concrete, finite real number as a host Python ``float`` (``int`` with ``integer``).
+
+    Args:
+        x: a Python or numpy number, or a 0-d array (numpy or concrete JAX).
+        name: the argument's name, quoted in the error message.
+        low, high: bounds (``None``: unbounded).
+        strict: open bounds (``low < x < high``); ``False``: closed.
+        integer: require an integer (booleans are refused) and return an ``int``.
+
+    Raises:
+        ValueError: naming ``name``, unless ``x`` is such a number within the bounds.
+    """
+    want = _scalar_wanted(low, high, strict, integer)
+    if isinstance(x, (bool, np.bool_)) or isinstance(x, jax.core.Tracer):
+        raise ValueError(f"`{name}` must be {want}; got {x!r}")
+    if integer:
+        if isinstance(x, (int, np.integer)):
+            value = int(x)
+        elif isinstance(x, (np.ndarray, jax.Array)) and x.shape == () and jnp.issubdtype(x.dtype, jnp.integer):
+            value = int(x)
+        else:
+            raise ValueError(f"`{name}` must be {want}; got {x!r}")
+    else:
+        try:
+            a = np.asarray(x)
+        except Exception:
+            raise ValueError(f"`{name}` must be {want}; got {type(x).__name__}") from None
+        if a.shape != () or a.dtype == object or not (np.issubdtype(a.dtype, np.floating)
+                                                        or np.issubdtype(a.dtype, np.integer)):
+            raise ValueError(f"`{name}` must be {want} (a real scalar); got {x!r}")
+        value = float(a)
+        if not np.isfinite(value):
+            raise ValueError(f"`{name}` must be finite; got {value}")
+    below = low is not None and (value <= low if strict else value < low)
+    above = high is not None and (value >= high if strict else value > high)
+    if below or above:
+        raise ValueError(f"`{name}` must be {want}; got {value!r}")
+    return value
+
+
+def _scalar_wanted(low, high, strict, integer) -> str:
+    kind = "an integer" if integer else "a finite number"
+    if integer and high is None and low == 0:
+        return "a positive integer" if strict else "a non-negative integer"
+    lo, hi = ("(", ")") if strict else ("[", "]")
+    if low is not None and high is not None:
+        return f"{kind} in {lo}{low}, {high}{hi}"
+    if low is not None:
+        return f"{kind} {'>' if strict else '>='} {low}"
+    if high is not None:
+        return f"{kind} {'<' if strict else '<='} {high}"
+    return kind
 
 
 def check_finite(x, name: str) -> None:

@@ -20,11 +20,20 @@ def validated_pytree(cls):
         return tuple(getattr(self, name) for name in names), None
 
     def tree_unflatten(klass, aux, leaves):
-        obj = object.__new__(klass)
-        for name, leaf in zip(names, leaves):
-            object.__setattr__(obj, name, leaf)
-        return obj
+        return unchecked(klass, *leaves)
 
     cls.tree_flatten = tree_flatten
     cls.tree_unflatten = classmethod(tree_unflatten)
     return jax.tree_util.register_pytree_node_class(cls)
+
+
+def unchecked(cls, *leaves):
+    """An instance of the validated dataclass ``cls`` with fields ``leaves``, without validating them.
+
+    For leaves that are already valid (derived from a validated instance) or cannot be
+    validated (tracers). Example: ``unchecked(GaussianMixture, weights, means, covs)``.
+    """
+    obj = object.__new__(cls)
+    for field, leaf in zip(dataclasses.fields(cls), leaves, strict=True):
+        object.__setattr__(obj, field.name, leaf)
+    return obj

@@ -1,0 +1,267 @@
+"""Hypothesis strategies and helpers shared by gmlib's property tests.
+
+Two kinds of property, for every public entry point:
+
+* **valid random inputs** (:func:`mixtures`, :func:`prompts`, :func:`population_args`, ...):
+  the output is finite and satisfies the invariants of the mathematics;
+* **invalid random inputs** (:func:`corrupt`: one argument of a valid call corrupted --
+  wrong rank, a wrong or broadcastable size, NaN/inf, a non-real dtype, or a value the
+  mathematics forbids, given by the ``extra`` strategies below): :func:`assert_rejects`
+  checks for a ``ValueError`` whose message names the argument -- never another
+  exception, a NaN, or a silent broadcast.
+
+Shapes come from a few sizes (``SHAPES``) so that the jit cache is reused across examples.
+Use: ``from strategies import SETTINGS, Arg, corrupt, assert_rejects, mixtures, ...``
+(pytest puts ``tests/`` on the path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, assume, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from gmlib import GaussianMixture
+
+SETTINGS = settings(max_examples=200, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
+
+#: The few shapes inputs are drawn from (a small set: compiled kernels are reused across
+#: examples, and compiling dominates the run time). Mixtures: (M, D); heads: (n, D_out),
+#: tied to the mixture's shape in population tests; prompts: (L, D).
+SHAPES = dict(mixture=((1, 2), (2, 1), (3, 3)), head=((1, 2), (4, 1), (4, 2)), prompt=((5, 2), (16, 3), (16, 1)))
+DTYPES = (np.float64, np.float32)
+
+
+def tol(dtype) -> float:
+    """Relative tolerance of an invariant that holds exactly in exact arithmetic."""
+    return 1e-9 if np.dtype(dtype) == np.float64 else 2e-4
+
+
+# ============================================================================ strategies of valid inputs
+
+
+def floats(lo, hi, dtype=np.float64):
+    return st.floats(lo, hi, allow_nan=False, allow_infinity=False, allow_subnormal=False,
+                     width=32 if np.dtype(dtype) == np.float32 else 64)
+
+
+def arrays(shape, lo=-2.0, hi=2.0, dtype=np.float64):
+    return hnp.arrays(dtype, shape, elements=floats(lo, hi, dtype))
+
+
+@st.composite
+def mixtures(draw, d=None, m=None, dtype=None, definite=False, mean_scale=2.0, cov_scale=1.0):
+    """A valid GaussianMixture: weights may hold zeros, covariances may be singular (unless ``definite``)."""
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    if d is None or m is None:
+        m, d = draw(st.sampled_from(SHAPES["mixture"]))
+    raw = draw(hnp.arrays(np.float64, (m,), elements=st.one_of(st.just(0.0), floats(1e-3, 1.0))))
+    assume(raw.sum() > 0.1)
+    weights = (raw / raw.sum()).astype(dtype)
+    means = draw(arrays((m, d), -mean_scale, mean_scale))
+    rank = draw(st.integers(1, d))
+    a = draw(arrays((m, d, rank), -1.0, 1.0))
+    covs = cov_scale * a @ np.swapaxes(a, -1, -2)
+    if definite:
+        covs = covs + 0.1 * cov_scale * np.eye(d)
+    covs = 0.5 * (covs + np.swapaxes(covs, -1, -2))
+    return GaussianMixture(weights, means.astype(dtype), covs.astype(dtype))
+
+
+@st.composite
+def heads(draw, d, dtype, u_scale=1.0, q_scale=2.0, n_dout=None):
+    """(queries (n, D), U (D, D), V (D_out, D)) of ``dtype``."""
+    n, d_out = n_dout or draw(st.sampled_from(SHAPES["head"]))
+    return (draw(arrays((n, d), -q_scale, q_scale)).astype(dtype),
+            draw(arrays((d, d), -u_scale, u_scale)).astype(dtype),
+            draw(arrays((d_out, d), -1.5, 1.5)).astype(dtype))
+
+
+@st.composite
+def prompts(draw, dtype=None):
+    """Keyword arguments of a valid softmax_attention / linear_attention call."""
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    L, d = draw(st.sampled_from(SHAPES["prompt"]))
+    queries, U, V = draw(heads(d, dtype))
+    return dict(queries=queries, tokens=draw(arrays((L, d))).astype(dtype), U=U, V=V)
+
+
+@st.composite
+def population_args(draw, dtype=None, with_V=True, **mix_kwargs):
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    mix = draw(mixtures(dtype=dtype, **mix_kwargs))
+    n_dout = SHAPES["head"][SHAPES["mixture"].index((mix.n_components, mix.dim))]
+    queries, U, V = draw(heads(mix.dim, dtype, n_dout=n_dout))
+    args = dict(mixture=mix, queries=queries, U=U)
+    if with_V:
+        args["V"] = V
+    return args
+
+
+def keys():
+    return st.integers(0, 2**31 - 1).map(jax.random.key)
+
+
+# ============================================================================ corrupting one argument
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """How one array argument of an entry point may be corrupted.
+
+    ``fixed_axes``: axes whose size other arguments prescribe (a wrong size there must be
+    rejected; the other axes are free, e.g. the number of queries). ``extra``: strategies
+    ``value -> bad value`` for what the mathematics forbids (negative weights, ...).
+    """
+
+    fixed_axes: tuple = ()
+    rank: bool = True
+    finite: bool = True
+    dtype: bool = True
+    extra: tuple = ()
+
+
+def bad_rank(a, draw):
+    a = np.asarray(a)
+    how = draw(st.sampled_from(["lead", "trail", "flat"] if a.ndim >= 2 else
+                               ["lead", "trail", "scalar"] if a.ndim == 1 else ["lead"]))
+    if how == "lead":
+        return a[None]  # a batch axis: must not be silently broadcast
+    if how == "trail":
+        return a[..., None]
+    if how == "flat":
+        return a.reshape(-1)
+    return a[0]
+
+
+def bad_size(a, axis, draw):
+    a = np.asarray(a)
+    size = a.shape[axis]
+    choices = [size + 1] + ([1] if size != 1 else [])  # 1: broadcastable, must still be refused
+    new = draw(st.sampled_from(choices))
+    if new > size:
+        extra = np.take(a, [0] * (new - size), axis=axis)
+        return np.concatenate([a, extra], axis=axis)
+    return np.take(a, [0], axis=axis)
+
+
+def nonfinite(a, draw):
+    a = np.array(a, dtype=np.asarray(a).dtype if np.issubdtype(np.asarray(a).dtype, np.floating) else np.float64)
+    i = draw(st.integers(0, a.size - 1))
+    a.reshape(-1)[i] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return a
+
+
+def bad_dtype(a, draw):
+    a = np.asarray(a)
+    kind = draw(st.sampled_from(["complex", "str", "object", "longdouble"]))
+    if kind == "complex":
+        return a.astype(np.complex128) + 1j
+    if kind == "str":
+        return a.astype(str)
+    if kind == "longdouble" and np.dtype(np.longdouble).itemsize > 8:
+        return a.astype(np.longdouble)
+    return np.full(a.shape, None, dtype=object)
+
+
+@st.composite
+def corrupt(draw, args: dict, spec: dict[str, Arg]):
+    """``(name, bad args)``: a copy of ``args`` with the argument ``name`` corrupted."""
+    name = draw(st.sampled_from(sorted(spec)))
+    arg, value = spec[name], args[name]
+    ways = []
+    if arg.rank:
+        ways.append(lambda: bad_rank(value, draw))
+    for axis in arg.fixed_axes:
+        ways.append(lambda axis=axis: bad_size(value, axis, draw))
+    if arg.finite and np.asarray(value).size:
+        ways.append(lambda: nonfinite(value, draw))
+    if arg.dtype:
+        ways.append(lambda: bad_dtype(value, draw))
+    for strategy in arg.extra:
+        ways.append(lambda strategy=strategy: draw(strategy(value)))
+    bad = draw(st.sampled_from(ways))()
+    return name, {**args, name: bad}
+
+
+def assert_rejects(call: Callable, name: str, *also: str):
+    """``call()`` must raise ValueError naming `name` (or one of ``also``); any other exception fails the test."""
+    try:
+        out = call()
+    except ValueError as exc:
+        assert any(f"`{n}`" in str(exc) for n in (name, *also)), f"the error does not name `{name}`: {exc}"
+        return
+    raise AssertionError(f"invalid `{name}` was accepted; returned {out!r}")
+
+
+# strategies for the special corruptions (each maps a valid value to an invalid one)
+def bad_positive_int(_):
+    return st.sampled_from([0, -1, -7, 2.5, 3.0, True, "4", None, np.float64(2.0)])
+
+
+def not_a_mixture(mix):
+    return st.sampled_from([(mix.weights, mix.means, mix.covs), np.asarray(mix.means), None,
+                            {"weights": mix.weights}, "mixture"])
+
+
+def bad_key(_):
+    return st.sampled_from([0, 3.5, np.array([1.5, 2.0]), np.zeros(3, np.uint32), np.zeros((2, 2), np.uint32),
+                            jax.random.split(jax.random.key(0), 3), "key", None])
+
+
+def bad_fn(_):
+    return st.sampled_from([3.0, "fn", None, lambda y: jnp.sum(y), lambda y: y[:1]])
+
+
+def negative_weights(w):
+    w = np.asarray(w, np.float64)
+    if w.size < 2:
+        return st.just(np.array([-1.0]))
+    return st.just(w + np.r_[-(w[0] + 0.5), w[0] + 0.5, np.zeros(w.size - 2)])  # still sums to one
+
+
+def unnormalised(w):
+    return st.sampled_from([0.5, 1.5, 1 + 1e-6, 0.0]).map(lambda c: np.asarray(w) * c)
+
+
+def asymmetric(c):
+    c = np.array(c)
+    if c.shape[-1] < 2:
+        return st.just(-c - 1.0)  # 1x1: negative instead
+    c[..., 0, 1] += 0.1 * (1 + np.abs(c).max())
+    return st.just(c)
+
+
+def indefinite(c):
+    c = np.array(c)
+    return st.just(c - (np.abs(c).max() * c.shape[-1] + 0.5) * np.eye(c.shape[-1], dtype=c.dtype))
+
+
+def empty_rows(a):
+    return st.just(np.asarray(a)[:0])
+
+
+def negative(x):
+    return st.just(-np.abs(np.asarray(x)) - 0.5)
+
+
+def relabel(mix, perm):
+    """The same mixture with its components in the order ``perm``."""
+    return GaussianMixture(mix.weights[perm], mix.means[perm], mix.covs[perm])
+
+
+def split(mix, k):
+    """The same measure with component k split into two halves (a different parametrisation)."""
+    w = np.asarray(mix.weights, np.float64)
+    w = np.concatenate([w, [w[k] / 2]])
+    w[k] /= 2
+    return GaussianMixture(w.astype(mix.dtype), np.concatenate([mix.means, mix.means[k:k + 1]]),
+                           np.concatenate([mix.covs, mix.covs[k:k + 1]]))
