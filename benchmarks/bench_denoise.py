@@ -35,10 +35,10 @@ def run(quick: bool, log) -> tuple[list[Table], list[Goal]]:
     ref = float(dn.linear_gap(prob))
 
     def linear(A, k):
-        return prob.excess_risk(lambda z: z @ A.T, n_nodes=k)[0]
+        return prob.excess_risk(lambda z: z @ A.T, n_nodes=k)
 
     def two_heads(hs, k):
-        return prob.excess_risk(lambda z: dn.multi_head_attention(prob.noisy, z, hs), n_nodes=k)[0]
+        return prob.excess_risk(lambda z: dn.multi_head_attention(prob.noisy, z, hs), n_nodes=k)
 
     log("  denoising accuracy")
     nodes = (10, 40, 80) if quick else NODES

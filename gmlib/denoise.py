@@ -48,7 +48,7 @@ from gmlib import _checks as C
 from gmlib._pytree import validated_pytree
 from gmlib.attention import population_attention, softmax_attention
 from gmlib.mixture import GaussianMixture
-from gmlib.quadrature import gauss_hermite
+from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
 
 __all__ = [
     "DenoisingProblem",
@@ -252,36 +252,67 @@ class DenoisingProblem:
         prob, z = self._queries(z)
         return _bayes(prob, z)
 
+    def sample(self, key, n: int):
+        r"""Draw ``n`` clean points :math:`X` and their noisy observations :math:`Z = X + \xi\varepsilon`.
+
+        Args:
+            key: a ``jax.random`` key.
+            n: the number of pairs, a positive int.
+
+        Returns:
+            ``(x, z)``, both of shape (n, d): :math:`X` drawn from :attr:`clean` and
+            :math:`Z = X + \xi\varepsilon` with :math:`\varepsilon \sim \mathcal N(0, I_d)`
+            independent of :math:`X` (so :math:`Z` follows :attr:`noisy`).
+
+        Raises:
+            ValueError: naming ``key`` (not one ``jax.random`` key) or ``n``.
+
+        Example:
+            >>> x, z = prob.sample(jax.random.key(0), 1000)
+        """
+        C.check_key(key, "key")
+        k_x, k_eps = jax.random.split(key)
+        x, _ = self.clean.sample(k_x, n)
+        return x, x + self.xi * jax.random.normal(k_eps, x.shape, self.dtype)
+
     def excess_risk(self, f: Callable, *, method: str = "auto", n_nodes: int | None = None,
-                    key=None, n_samples: int = 200_000):
+                    key=None, n_samples: int = 200_000, with_stderr: bool = False):
         r"""The excess risk :math:`\mathcal R(f) - \mathcal R(f^\star) = \mathbb E\,\|f(Z) - f^\star(Z)\|^2`.
 
         Let :math:`f` denote ``f``, a JAX-traceable map from queries (n, d) to
         predictions (n, d). The identity holds because :math:`f^\star` is the
-        conditional mean (Prop C.6). Two methods:
+        conditional mean (Prop C.6). The expectation over the noisy mixture
+        :attr:`noisy` is :func:`~gmlib.mixture_expectation` (``"quadrature"``, the
+        default when d ≤ 3) or :func:`~gmlib.monte_carlo_expectation`
+        (``"monte_carlo"``, the default when d > 3; needs ``key``).
 
-        - ``"quadrature"`` (the default when d ≤ 3): tensor Gauss–Hermite in each
-          noisy component :math:`\mathcal N(m_k, s I_d)`,
-          :math:`\sum_k \pi_k \sum_j w_j \|f - f^\star\|^2(m_k + \sqrt s\, x_j)`.
-          Deterministic and differentiable in whatever ``f`` closes over; with the
-          default nodes (200, 80, 40 per coordinate for d = 1, 2, 3) it is accurate to
-          about 1e-10 when :math:`f - f^\star` is smooth on the scale :math:`\sqrt s`
-          (moderate gate slopes, e.g. Figure 2's problem); raise ``n_nodes`` for very
-          sharp gates.
-        - ``"monte_carlo"`` (the default when d > 3, needs ``key``): the mean over
-          ``n_samples`` draws of :math:`Z`, with its standard error.
+        Quadrature is deterministic and differentiable in whatever ``f`` closes over;
+        with the default nodes (200, 80, 40 per coordinate for d = 1, 2, 3) it is
+        accurate to about 1e-10 when :math:`f - f^\star` is smooth on the scale of the
+        noisy components (moderate gate slopes, e.g. Figure 2's problem); raise
+        ``n_nodes`` for very sharp gates.
+
+        Args:
+            f: a map from queries (n, d) to predictions (n, d).
+            method: ``"auto"``, ``"quadrature"`` or ``"monte_carlo"``.
+            n_nodes: Gauss–Hermite nodes per coordinate (quadrature).
+            key, n_samples: the ``jax.random`` key and sample size (Monte Carlo).
+            with_stderr: also return the standard error.
 
         Returns:
-            ``(value, stderr)``, two scalars: the estimate and its Monte Carlo standard
-            error, which is exactly 0 for quadrature (its error is deterministic).
+            a scalar; with ``with_stderr=True``, ``(value, stderr)``, the standard error
+            being the Monte Carlo one, and exactly 0 for quadrature (whose error is
+            deterministic).
 
         Raises:
             ValueError: for an unknown ``method``, a missing ``key`` with Monte Carlo,
-                or an ``f`` whose output shape is not (n, d).
+                or an ``f`` whose output shape is not (n, d); and what
+                :func:`~gmlib.mixture_expectation` / :func:`~gmlib.monte_carlo_expectation`
+                raise (naming ``n_nodes``, ``key``, ``n_samples``).
 
         Example:
             >>> A = linear_optimum(prob)
-            >>> gap, _ = prob.excess_risk(lambda z: z @ A.T)
+            >>> gap = prob.excess_risk(lambda z: z @ A.T)
         """
         if method not in ("auto", "quadrature", "monte_carlo"):
             raise ValueError(f"`method` must be 'auto', 'quadrature' or 'monte_carlo'; got {method!r}")
@@ -290,19 +321,14 @@ class DenoisingProblem:
             method = "quadrature" if self.dim <= 3 else "monte_carlo"
         sq_error = _squared_error(self, f)
         if method == "quadrature":
-            n_nodes = _DEFAULT_NODES.get(self.dim, 8) if n_nodes is None else C.check_positive_int(n_nodes, "n_nodes")
-            nodes, w = gauss_hermite(n_nodes, self.dim, self.dtype)
-            points = self.means[:, None, :] + jnp.sqrt(self.s) * nodes[None, :, :]  # (M, N, d)
-            values = sq_error(points.reshape(-1, self.dim)).reshape(self.n_components, -1)
-            return self.weights @ (values @ w), jnp.zeros((), self.dtype)
-        if key is None:
+            n_nodes = _DEFAULT_NODES.get(self.dim, 8) if n_nodes is None else n_nodes
+            value = mixture_expectation(self.noisy, sq_error, n_nodes=n_nodes)
+            stderr = jnp.zeros((), value.dtype)
+        elif key is None:
             raise ValueError("`key` is required for the Monte Carlo excess risk (d > 3 or method='monte_carlo')")
-        n_samples = C.check_positive_int(n_samples, "n_samples")
-        if n_samples < 2:
-            raise ValueError("`n_samples` must be at least 2 to estimate a standard error")
-        z, _ = self.noisy.sample(key, n_samples)
-        values = sq_error(z)
-        return values.mean(), values.std(ddof=1) / jnp.sqrt(jnp.asarray(n_samples, self.dtype))
+        else:
+            value, stderr = monte_carlo_expectation(self.noisy, sq_error, key, n_samples)
+        return (value, stderr) if with_stderr else value
 
     def bayes_risk(self, *, n_nodes: int | None = None):
         r"""The Bayes risk :math:`\mathcal R(f^\star) = \mathbb E\,\|X - f^\star(Z)\|^2`, a scalar.
@@ -727,26 +753,58 @@ class InContextParams(NamedTuple):
     W_out: jax.Array
 
 
-def in_context_params(gamma, xi, dim: int) -> InContextParams:
-    r"""The task-independent parameters of Prop 4.4.
+def in_context_params(gamma, xi, dim: int, temperature=1.0) -> InContextParams:
+    r"""The task-independent residual two-head denoiser of Prop 4.4, at a temperature c.
 
-    With :math:`a = \xi^2/(\gamma^2 + \xi^2)`:
-    :math:`U_1 = S^{-1}`, :math:`V_1 = a I_d`, :math:`U_2 = V_2 = 0`,
-    :math:`W_{\mathrm{out}} = (I_d, -2a I_d)`. Only :math:`\gamma` and :math:`\xi`, shared
-    by all tasks, enter.
+    Let :math:`c` denote ``temperature`` and :math:`a = \xi^2/(\gamma^2 + \xi^2)`:
+
+    .. math::
+
+        U_1 = c\,S^{-1},\quad V_1 = a I_d,\quad U_2 = V_2 = 0,\quad
+        W_{\mathrm{out}} = \big(I_d,\ -a(1 + c) I_d\big).
+
+    Through :func:`in_context_denoise`, on a finite prompt of noisy tokens
+    :math:`z_1, \dots, z_L` this is
+
+    .. math::
+
+        \hat f_c(z) = (1 - a - ac)\, z + a \sum_{i=1}^L
+        \operatorname{softmax}_i\big(c\, z_i^\top S^{-1} z\big)\, z_i,
+
+    and on the infinite prompt :math:`\mu_Z^\tau` of a task
+    :math:`\tau = (m_1, m_2, \pi_1)` (Prop 2.1 with the shared covariance S)
+
+    .. math::
+
+        \hat f_c[\mu_Z^\tau](z) = (1 - a)\, z + a \sum_k
+        \operatorname{softmax}_k\big(\log \pi_k + c\, m_k^\top S^{-1} z\big)\, m_k.
+
+    At :math:`c = 1` this is Prop 4.4 exactly: :math:`\mathbb E[X \mid Z = z, \tau]` for
+    every task with :math:`\|m_1\| = \|m_2\|`. The residual correction
+    :math:`-a(1 + c)` cancels the linear term :math:`a c z` that the head adds (Prop 2.1),
+    so the family keeps the Bayes linear part :math:`(1 - a) z` at every temperature;
+    :math:`c < 1` blurs the gate in exchange for less finite-prompt variance. Only
+    :math:`\gamma`, :math:`\xi` and :math:`c`, shared by all tasks, enter.
 
     Args:
         gamma: :math:`\gamma \ge 0`.
         xi: :math:`\xi > 0`.
         dim: d, a positive int.
+        temperature: c > 0, finite (default 1: Prop 4.4).
 
     Returns:
         an :class:`InContextParams`.
 
     Raises:
-        ValueError: for ``gamma < 0``, ``xi <= 0``, non-finite values or a bad ``dim``.
+        ValueError: for ``gamma < 0``, ``xi <= 0``, ``temperature <= 0``, non-finite
+            values or a bad ``dim``.
+
+    Example:
+        >>> ic = in_context_params(1.0, 0.5, 2, temperature=0.3)
+        >>> in_context_denoise(ic, tokens, queries)  # (n, 2)
     """
-    dim = C.check_positive_int(dim, "dim")
+    dim = C.scalar(dim, "dim", low=0, integer=True)
+    temperature = C.scalar(temperature, "temperature", low=0)
     dtype = _dtype_of(gamma, xi)
     gamma = _scalar(gamma, "gamma", dtype)
     xi = _scalar(xi, "xi", dtype)
@@ -758,7 +816,8 @@ def in_context_params(gamma, xi, dim: int) -> InContextParams:
     a = xi**2 / s
     eye = jnp.eye(dim, dtype=dtype)
     zero = jnp.zeros((dim, dim), dtype)
-    return InContextParams(eye / s, a * eye, zero, zero, jnp.concatenate([eye, -2 * a * eye], axis=1))
+    w_out = jnp.concatenate([eye, -a * (1 + temperature) * eye], axis=1)
+    return InContextParams(temperature * eye / s, a * eye, zero, zero, w_out)
 
 
 def in_context_denoise(params: InContextParams, prompt, queries, *, block_size=None):

@@ -92,6 +92,31 @@ def test_degenerate_gamma_zero_is_posterior_barycenter():
     assert float(dn.separation(prob)) == pytest.approx(1.5)
 
 
+def test_sample_draws_clean_points_and_independent_noise():
+    prob = dn.DenoisingProblem([0.3, 0.7], [[3.0, 0.0], [0.0, -2.0]], 0.6, 1.5)
+    n = 400_000
+    x, z = prob.sample(jax.random.key(0), n)
+    assert x.shape == z.shape == (n, 2) and x.dtype == z.dtype == jnp.float64
+    x, eps = np.asarray(x), (np.asarray(z) - np.asarray(x)) / 1.5
+    w, m = np.array([0.3, 0.7]), np.array([[3.0, 0.0], [0.0, -2.0]])
+    mean = w @ m
+    cov = 0.36 * np.eye(2) + (w[:, None] * m).T @ m - np.outer(mean, mean)
+    se = np.sqrt(np.diag(cov) / n)
+    assert np.all(np.abs(x.mean(0) - mean) < 5 * se)
+    np.testing.assert_allclose(np.cov(x.T), cov, atol=0.03)
+    # the noise: standard normal, independent of X (cross-covariance of order 1/sqrt(n))
+    assert np.all(np.abs(eps.mean(0)) < 5 / np.sqrt(n))
+    np.testing.assert_allclose(np.cov(eps.T), np.eye(2), atol=0.01)
+    assert np.abs((x - mean).T @ eps / n).max() < 5 * np.sqrt(cov.max() / n)
+    # the same key gives the same draws, the noisy points follow `noisy` (its mean and covariance)
+    np.testing.assert_array_equal(prob.sample(jax.random.key(0), 5)[1], prob.sample(jax.random.key(0), 5)[1])
+    np.testing.assert_allclose(np.cov(np.asarray(z).T), np.asarray(prob.noisy.covariance()), atol=0.04)
+    with pytest.raises(ValueError, match="key"):
+        prob.sample(0, 10)
+    with pytest.raises(ValueError, match="`n`"):
+        prob.sample(jax.random.key(0), 0)
+
+
 # ----------------------------------------------------------------------------- head constructions
 
 
@@ -169,9 +194,10 @@ def test_excess_risk_quadrature_against_monte_carlo_and_a_trapezoid_grid():
     def f(z):
         return gmlib.population_attention(prob.noisy, z, U, V)
 
-    quad, se0 = prob.excess_risk(f)
-    assert float(se0) == 0.0
-    mc, se = prob.excess_risk(f, method="monte_carlo", key=jax.random.key(1), n_samples=200_000)
+    quad, se0 = prob.excess_risk(f, with_stderr=True)
+    assert float(se0) == 0.0 and float(prob.excess_risk(f)) == float(quad)
+    mc, se = prob.excess_risk(f, method="monte_carlo", key=jax.random.key(1), n_samples=200_000,
+                              with_stderr=True)
     assert abs(float(quad) - float(mc)) < 4 * float(se)
     # independent deterministic rule: trapezoid on a fine grid in each component's standard coordinates
     x = np.linspace(-9, 9, 241)
@@ -192,7 +218,7 @@ def test_excess_risk_monte_carlo_in_high_dimension_and_errors():
     prob = random_equal_norm_problem(rng, 5)
     heads = dn.two_head_bayes(prob)
     val, se = prob.excess_risk(lambda z: dn.multi_head_attention(prob.noisy, z, heads), key=jax.random.key(0),
-                               n_samples=1000)
+                               n_samples=1000, with_stderr=True)
     assert abs(float(val)) < 1e-18 and float(se) < 1e-18
     with pytest.raises(ValueError, match="key"):
         prob.excess_risk(lambda z: z)
@@ -207,7 +233,7 @@ def test_excess_risk_is_differentiable():
 
     def risk(theta):
         heads = [(theta[0], theta[1]), (theta[2], theta[3])]
-        return prob.excess_risk(lambda z: dn.multi_head_attention(prob.noisy, z, heads), n_nodes=20)[0]
+        return prob.excess_risk(lambda z: dn.multi_head_attention(prob.noisy, z, heads), n_nodes=20)
 
     theta = 0.3 * jnp.asarray(np.random.default_rng(6).normal(size=(4, 2, 2)))
     g = jax.jit(jax.grad(risk))(theta)
@@ -234,7 +260,7 @@ def test_linear_optimum_is_least_squares():
     # closed form of the gap against the quadrature excess risk of z -> A* z, and against Monte Carlo
     A = dn.linear_optimum(prob)
     gap = float(dn.linear_gap(prob))
-    quad, _ = prob.excess_risk(lambda q: q @ A.T)
+    quad = prob.excess_risk(lambda q: q @ A.T)
     assert abs(gap - float(quad)) < 1e-9
     loss = np.sum((np.asarray(x) - z @ np.asarray(A).T) ** 2, -1) - np.sum((np.asarray(x) - np.asarray(prob.bayes(z))) ** 2, -1)
     assert abs(loss.mean() - gap) < 5 * loss.std() / np.sqrt(loss.size)

@@ -243,16 +243,18 @@ def test_excess_risk(prob, key, c, n_nodes):
     """excess_risk(f*) = 0 exactly, ≥ 0 for other maps, = E‖f − f*‖² which for f = f* + c is d c²;
     Monte Carlo: finite, non-negative, with a standard error, and 0 for f*. (Few nodes: the default
     40³ · M points per call are the unit tests' business.)"""
-    zero, se = prob.excess_risk(prob.bayes, n_nodes=n_nodes)
+    zero, se = prob.excess_risk(prob.bayes, n_nodes=n_nodes, with_stderr=True)
     assert float(zero) == 0.0 and float(se) == 0.0
-    shifted, _ = prob.excess_risk(lambda z: prob.bayes(z) + c, n_nodes=n_nodes)
+    shifted = prob.excess_risk(lambda z: prob.bayes(z) + c, n_nodes=n_nodes)
     np.testing.assert_allclose(float(shifted), prob.dim * c**2, rtol=1e-9, atol=1e-12)
     A = dn.linear_optimum(prob)
-    lin, _ = prob.excess_risk(lambda z: z @ A.T, n_nodes=8)
+    lin = prob.excess_risk(lambda z: z @ A.T, n_nodes=8)
     assert np.isfinite(float(lin)) and float(lin) >= 0
-    mc, mc_se = prob.excess_risk(lambda z: z @ A.T, method="monte_carlo", key=jax.random.key(key), n_samples=64)
+    mc, mc_se = prob.excess_risk(lambda z: z @ A.T, method="monte_carlo", key=jax.random.key(key), n_samples=64,
+                                   with_stderr=True)
     assert np.isfinite(float(mc)) and float(mc) >= 0 and np.isfinite(float(mc_se)) and float(mc_se) >= 0
-    mc0, mc0_se = prob.excess_risk(prob.bayes, method="monte_carlo", key=jax.random.key(key), n_samples=64)
+    mc0, mc0_se = prob.excess_risk(prob.bayes, method="monte_carlo", key=jax.random.key(key), n_samples=64,
+                                   with_stderr=True)
     assert float(mc0) == 0.0 and float(mc0_se) == 0.0
 
 
