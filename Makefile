@@ -6,15 +6,19 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TOOLS  := $(VENV)/tools
 NOTEBOOKS := $(sort $(wildcard book/[0-9][0-9]_*.ipynb)) book/template.ipynb
 export JAX_PLATFORMS ?= cpu
 export PYTHONHASHSEED := 0
 
-.PHONY: book test strict bench site-check repro twins clean help
+.PHONY: book test unit nbval strict bench site-check repro twins tools clean help
 
 help:
 	@echo "make book   build the HTML book into _build/html (executes every chapter)"
-	@echo "make test   unit tests, notebook twins, every notebook through nbval"
+	@echo "make test   unit tests, then the strict build (every chapter executed once, its"
+	@echo "            asserts checked), then a second execution compared with the first"
+	@echo "make unit   the unit tests and the book's invariants only (no notebook executed)"
+	@echo "make nbval NB=book/03_lda_landscape.ipynb   execute some notebooks through nbval"
 	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
 	@echo "make bench  the benchmark table (ratios against baselines measured in the same run)"
 	@echo "make repro  re-execute every chapter and compare its text outputs with the last build"
@@ -38,9 +42,29 @@ book: $(STAMP) _build/.gmlib-stamp
 	@echo ""
 	@echo "The book is at: file://$(CURDIR)/_build/html/index.html"
 
-test: $(STAMP)
-	$(BIN)/python -m pytest tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=600 -q -rs
+# The command-line checks of the publishing metadata, each in a venv of its own (cffconvert
+# pins an old jsonschema that the book's stack cannot use).
+$(TOOLS)/.installed: | $(STAMP)
+	for t in cffconvert check-jsonschema; do \
+		test -x $(TOOLS)/$$t/bin/$$t || { $(PYTHON) -m venv $(TOOLS)/$$t && \
+		$(TOOLS)/$$t/bin/python -m pip install -q --disable-pip-version-check $$t; } || exit 1; \
+	done
+	touch $@
+
+tools: $(TOOLS)/.installed
+
+# Every chapter is executed once, by the strict build (its asserts fail the build), and once
+# more by the reproducibility check, which compares the two executions' text outputs.
+test: unit
+	$(MAKE) --no-print-directory strict
+	$(BIN)/python tests/reproducibility.py --jobs 2
+
+unit: $(STAMP) $(TOOLS)/.installed
+	$(BIN)/python -m pytest tests -q -rs
+
+NB ?= $(NOTEBOOKS)
+nbval: $(STAMP)
+	$(BIN)/python -m pytest $(NB) --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -q
 
 strict: $(STAMP)
 	rm -rf _build
@@ -53,7 +77,7 @@ site-check: $(STAMP)
 	$(BIN)/python tests/site_check.py
 
 repro: $(STAMP)
-	$(BIN)/python tests/reproducibility.py
+	$(BIN)/python tests/reproducibility.py --jobs 2
 
 twins: $(STAMP)
 	for md in book/[0-9][0-9]_*.md book/template.md; do \

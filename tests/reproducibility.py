@@ -25,6 +25,8 @@ import pathlib
 import re
 import sys
 import time
+from datetime import datetime
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 from nbclient import NotebookClient
@@ -78,14 +80,7 @@ def execute(path: pathlib.Path, timeout: int, hashseed: str):
     env.pop("GMLIB_INSTALL_SOURCE", None)  # the install cell must stay a no-op here
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent)}})
-    old = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)  # the kernel inherits this process's environment
-    try:
-        client.execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    client.execute(env=env)  # the kernel's environment (this process's is left alone)
     return nb
 
 
@@ -112,6 +107,21 @@ def compare(path: pathlib.Path, built_dir: pathlib.Path, timeout: int, hashseed:
     return problems
 
 
+def _last_time(built: pathlib.Path) -> float:
+    """How long the build took to execute a chapter (0 when unknown)."""
+    try:
+        nb = nbformat.read(built, as_version=4)
+    except (OSError, ValueError):
+        return 0.0
+    stamps = [c.get("metadata", {}).get("execution", {}) for c in nb.cells if c.cell_type == "code"]
+    starts = [s.get("iopub.execute_input") for s in stamps if s.get("iopub.execute_input")]
+    ends = [s.get("shell.execute_reply") for s in stamps if s.get("shell.execute_reply")]
+    if not starts or not ends:
+        return 0.0
+    parse = lambda t: datetime.fromisoformat(t.replace("Z", "+00:00"))
+    return (parse(max(ends)) - parse(min(starts))).total_seconds()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path,
@@ -119,15 +129,21 @@ def main(argv=None) -> int:
     parser.add_argument("--built", type=pathlib.Path, default=BUILD, help="the build's executed copies")
     parser.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds")
     parser.add_argument("--hashseed", default="12345", help="PYTHONHASHSEED of the re-execution")
+    parser.add_argument("--jobs", type=int, default=1, help="chapters executed at once (one kernel each)")
     args = parser.parse_args(argv)
     notebooks = [p.resolve() for p in args.notebooks] or sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
-    failures = []
-    for nb in notebooks:
+    # Longest first, so that the parallel run is not left waiting on one long chapter at the end.
+    notebooks.sort(key=lambda p: -_last_time(args.built / p.name))
+
+    def one(nb):
         start = time.time()
         problems = compare(nb, args.built, args.timeout, args.hashseed)
         status = "reproduces" if not problems else f"{len(problems)} difference(s)"
         print(f"{nb.name}: {status} ({time.time() - start:.0f} s)", flush=True)
-        failures += problems
+        return problems
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        failures = [p for problems in pool.map(one, notebooks) for p in problems]
     for p in failures:
         print("\n" + p)
     return 1 if failures else 0

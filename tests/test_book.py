@@ -2,8 +2,10 @@
 
 import importlib
 import json
+import os
 import pathlib
 import re
+import subprocess
 
 import jupytext
 import pytest
@@ -86,8 +88,107 @@ def test_chapter_structure(nb):
     assert re.search(r"```\{prf:(theorem|proposition|lemma)\}", text), f"{nb.name} states no result"
     assert text.count("assert ") >= 2, f"{nb.name} checks nothing"
     n_ex = len(re.findall(r"```\{exercise\}", text))
-    n_sol = len(re.findall(r"```\{solution\}[^\n]*\n:class: dropdown", text))
+    n_sol = len(re.findall(r"```\{solution(-start)?\}[^\n]*\n:class: dropdown", text))
     assert n_ex >= 3 and n_sol >= n_ex, f"{nb.name}: {n_ex} exercises, {n_sol} folded solutions"
+
+
+# ----------------------------------------------------------------------------- reading conventions
+
+MAX_CODE_LINE = 88  # the page shows about 80 characters of code at a laptop width
+_MAKES_FIGURE = re.compile(r"plt\.(subplots|figure|subplot_mosaic)\(")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_lines_fit_the_page(nb):
+    long = [(i, line) for i, c in enumerate(jupytext.read(nb).cells) if c.cell_type == "code"
+            for line in c.source.splitlines() if len(line) > MAX_CODE_LINE]
+    assert not long, f"{nb.name}: {len(long)} code lines over {MAX_CODE_LINE} characters, e.g. cell {long[0]}"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_sentence_before_every_code_cell(nb):
+    """Each code cell follows a markdown cell, except the set-up cell right after the (hidden) install cell."""
+    kinds = [c.cell_type for c in jupytext.read(nb).cells]
+    code = [i for i, k in enumerate(kinds) if k == "code"]
+    bare = [i for i in code[2:] if kinds[i - 1] != "markdown"]
+    assert not bare, f"{nb.name}: code cells {bare} have no sentence before them"
+
+
+def test_install_cell_is_collapsed():
+    install = first_code_cells(BOOK / "template.ipynb")[0]
+    assert "hide-cell" in install.metadata.get("tags", []), "the Colab install cell must be tagged hide-cell"
+    assert len(install.source.splitlines()) <= 12, "keep the install cell short"
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+def test_every_figure_is_numbered_captioned_and_referenced(nb):
+    """A cell that draws a figure carries mystnb.figure {caption, name}, and the text cites it with numref."""
+    text = nb.with_suffix(".md").read_text()
+    for i, c in enumerate(jupytext.read(nb).cells):
+        if c.cell_type != "code" or not _MAKES_FIGURE.search(c.source):
+            continue
+        fig = c.metadata.get("mystnb", {}).get("figure", {})
+        assert fig.get("caption", "").strip() and fig.get("name"), f"{nb.name} cell {i}: figure without caption"
+        assert re.search(rf"\{{numref\}}`([^`<]*<)?{re.escape(fig['name'])}>?`", text), (
+            f"{nb.name}: figure {fig['name']} is never referenced with {{numref}}")
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+def test_solutions_that_compute_are_executed(nb):
+    """No code inside a plain {solution} (it would never run): such solutions are gated code cells that assert."""
+    text = nb.with_suffix(".md").read_text()
+    for body in re.findall(r"```\{solution\}[^\n]*\n(.*?)\n```\s*$", text, flags=re.S | re.M):
+        code = [line for line in body.splitlines() if re.match(r"(    |\t)\S|```|>>> ", line)]
+        assert not code, f"{nb.name}: a plain solution holds code ({code[0].strip()!r}); gate it"
+    for body in re.findall(r"```\{solution-start\}(.*?)```\{solution-end\}", text, flags=re.S):
+        if "{code-cell}" in body:
+            assert "assert " in body, f"{nb.name}: a computed solution ends in no assert"
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+def test_prose_quotes_glued_numbers(nb):
+    text = nb.with_suffix(".md").read_text()
+    names = set(re.findall(r"glue\(\s*[\"']([\w-]+)[\"']", text))
+    quoted = set(re.findall(r"\{glue:text\}`([\w-]+)", text))
+    assert quoted, f"{nb.name} quotes no glued number"
+    assert quoted <= names, f"{nb.name}: quotes {sorted(quoted - names)} but never glues them"
+
+
+# ----------------------------------------------------------------------------- publishing metadata
+
+
+def tool(name: str) -> str:
+    """A command-line tool of the metadata checks: installed by `make tools` in .venv/tools/<name>."""
+    path = ROOT / ".venv" / "tools" / name / "bin" / name
+    if not path.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} is missing in CI (the Makefile's tools target installs it)")
+        pytest.skip(f"{name} is not installed (run `make tools`)")
+    return str(path)
+
+
+def test_workflows_follow_the_github_schema():
+    workflows = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    assert {w.name for w in workflows} >= {"book.yml", "ci.yml"}
+    out = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                          *map(str, workflows)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    book = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    uses = [s.get("uses", "") for job in book["jobs"].values() for s in job.get("steps", [])]
+    assert any(u.startswith("actions/upload-pages-artifact") for u in uses)
+    assert any(u.startswith("actions/deploy-pages") for u in uses)
+    ci = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert "pull_request" in ci and "bash .ci/run" in ci
+
+
+def test_citation_file_is_valid():
+    out = subprocess.run([tool("cffconvert"), "--validate", "-i", str(ROOT / "CITATION.cff")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["repository-code"] == config()["repository"]["url"]
+    assert any("2610.11798" in str(ref) for ref in cff["references"]), "cite the paper the book follows"
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
 
 
 def test_api_page_lists_every_public_name():
