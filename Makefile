@@ -11,7 +11,7 @@ NOTEBOOKS := $(sort $(wildcard book/[0-9][0-9]_*.ipynb)) book/template.ipynb
 export JAX_PLATFORMS ?= cpu
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit nbval strict bench site-check repro twins tools clean help
+.PHONY: book test unit nbval strict bench site-check repro twins format tools clean help
 
 help:
 	@echo "make book   build the HTML book into _build/html (executes every chapter)"
@@ -24,6 +24,7 @@ help:
 	@echo "make repro  re-execute every chapter and compare its text outputs with the last build"
 	@echo "make site-check  open every page of the built book in headless Chromium"
 	@echo "make twins  regenerate each chapter's .ipynb from its MyST .md twin"
+	@echo "make format ruff-format the code cells of every twin (book/ruff.toml), then make twins"
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +84,10 @@ twins: $(STAMP)
 	for md in book/[0-9][0-9]_*.md book/template.md; do \
 		$(BIN)/jupytext --to ipynb --update "$$md" -o "$${md%.md}.ipynb" >/dev/null || exit 1; \
 	done
+
+format: $(STAMP)
+	$(BIN)/python tests/format_chapters.py
+	$(MAKE) --no-print-directory twins
 
 clean:
 	rm -rf _build
