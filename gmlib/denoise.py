@@ -25,6 +25,7 @@ What lives here:
   :func:`multi_head_attention`: the sum of heads;
 - :func:`linear_optimum`, :func:`linear_gap`: the best linear denoiser (the best any
   network of linear-attention layers can do) and its excess risk (Prop C.6);
+  :func:`affine_optimum`, :func:`affine_gap`: the same with an intercept;
 - :func:`in_context_params`, :func:`in_context_denoise`: Prop 4.4;
 - :func:`iterate`, :func:`separation`, :func:`tanh_fixed_point`: the iterated
   denoiser of Prop 4.3.
@@ -57,6 +58,8 @@ __all__ = [
     "multi_head_attention",
     "linear_optimum",
     "linear_gap",
+    "affine_optimum",
+    "affine_gap",
     "InContextParams",
     "in_context_params",
     "in_context_denoise",
@@ -686,8 +689,10 @@ def linear_optimum(problem: DenoisingProblem):
 
     The risk of :math:`z \mapsto A z` is
     :math:`\mathbb E\|(I - A)X\|^2 + \xi^2 \|A\|_F^2` (the noise is independent of
-    :math:`X`), a convex quadratic minimized at :math:`A^\star` (Prop C.6). Every network
-    of linear-attention layers is a linear map (Lemma C.7), so none does better.
+    :math:`X`), a convex quadratic minimized at :math:`A^\star` (Prop C.6), with risk
+    :math:`\mathcal R(A^\star) = \xi^2 \operatorname{tr} A^\star`. Every network of
+    linear-attention layers is a linear map (Lemma C.7), so none does better.
+    :func:`affine_optimum` adds an intercept.
 
     Args:
         problem: a :class:`DenoisingProblem` (any means, any M).
@@ -695,18 +700,62 @@ def linear_optimum(problem: DenoisingProblem):
     Returns:
         array (d, d).
     """
-    if not isinstance(problem, DenoisingProblem):
-        raise ValueError(f"`problem` must be a DenoisingProblem; got {type(problem).__name__}")
-    return _linear_optimum(problem)
+    _check_problem(problem)
+    return _shrinkage(problem.clean.second_moment(), problem.xi)
+
+
+def affine_optimum(problem: DenoisingProblem):
+    r"""The best affine denoiser :math:`z \mapsto A z + b`: :math:`A = \Sigma (\Sigma + \xi^2 I_d)^{-1}`, :math:`b = (I - A)\,\mathbb E X`.
+
+    Let :math:`\Sigma = \operatorname{Cov}(X)` and :math:`\mu = \mathbb E X = \mathbb E Z`.
+    For a fixed :math:`A` the risk :math:`\mathbb E\|X - AZ - b\|^2` is a quadratic in
+    :math:`b` minimized at :math:`b = \mu - A\mu`, which leaves the linear problem of the
+    centred pair :math:`(X - \mu, Z - \mu)`: the risk is
+    :math:`\mathbb E\|(I - A)(X - \mu)\|^2 + \xi^2\|A\|_F^2`, minimized (setting its
+    gradient :math:`-2(I - A)\Sigma + 2\xi^2 A` to zero) at
+    :math:`A = \operatorname{Cov}(X, Z)\operatorname{Cov}(Z)^{-1} = \Sigma(\Sigma + \xi^2 I_d)^{-1}`.
+    Since :math:`\Sigma (I - A) = \xi^2 A`, the minimal risk is
+    :math:`\operatorname{tr}\Sigma - \operatorname{tr}(A\Sigma) = \xi^2 \operatorname{tr} A`.
+
+    Linear attention on tokens and queries that carry a constant coordinate is affine
+    in the query, so this is the fair linear baseline once an intercept is allowed: the
+    gap between :func:`linear_gap` and :func:`affine_gap` is the part of the linear gap
+    due to the missing intercept, :func:`affine_gap` the part due to the lack of
+    selection. Written with the clean mixture's mean and covariance, it holds for any
+    number of components and any within-component covariance.
+
+    Args:
+        problem: a :class:`DenoisingProblem` (any means, any M).
+
+    Returns:
+        ``(A, b)``: shapes (d, d) and (d,).
+
+    Raises:
+        ValueError: if ``problem`` is not a :class:`DenoisingProblem`.
+
+    Example:
+        >>> A, b = affine_optimum(prob)
+        >>> prob.excess_risk(lambda z: z @ A.T + b)  # equals affine_gap(prob)
+    """
+    _check_problem(problem)
+    clean = problem.clean
+    A = _shrinkage(clean.covariance(), problem.xi)
+    mu = clean.mean()
+    return A, mu - A @ mu
 
 
 @jax.jit
-def _linear_optimum(p):
-    # M2 (M2 + xi^2 I)^{-1} = Q diag(l / (l + xi^2)) Q^T: symmetric, and no singular solve when xi^2 is
-    # below the rounding of M2 (float32, xi -> 0: M2 + xi^2 I rounds to the singular M2)
-    lam, q = jnp.linalg.eigh(p.clean.second_moment())
+def _shrinkage(cov, xi):
+    # cov (cov + xi^2 I)^{-1} = Q diag(l / (l + xi^2)) Q^T: symmetric, and no singular solve when xi^2 is
+    # below the rounding of cov (float32, xi -> 0: cov + xi^2 I rounds to a singular cov)
+    lam, q = jnp.linalg.eigh(cov)
     lam = jnp.clip(lam, 0.0)
-    return (q * (lam / (lam + p.xi**2))[None, :]) @ q.T
+    return (q * (lam / (lam + xi**2))[None, :]) @ q.T
+
+
+def _check_problem(problem):
+    if not isinstance(problem, DenoisingProblem):
+        raise ValueError(f"`problem` must be a DenoisingProblem; got {type(problem).__name__}")
 
 
 def linear_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
@@ -717,10 +766,11 @@ def linear_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
         \mathcal R(A^\star) - \mathcal R(f^\star), \qquad
         \mathcal R(A^\star) = \xi^2 \operatorname{tr}\big(M_2 (M_2 + \xi^2 I)^{-1}\big),
 
-    the first term in closed form and the Bayes risk from :meth:`DenoisingProblem.bayes_risk`
-    (a Gauss–Hermite integral over the M − 1 projections the posterior depends on).
-    Positive whenever the posterior weights are not constant: the best any network
-    of linear-attention layers can do.
+    the first term in closed form (:func:`linear_optimum`) and the Bayes risk from
+    :meth:`DenoisingProblem.bayes_risk` (an integral over the M − 1 projections the
+    posterior depends on). Positive whenever the posterior weights are not constant:
+    the best any network of linear-attention layers can do. It is at least
+    :func:`affine_gap`; the difference is the price of the missing intercept.
 
     Args:
         problem: a :class:`DenoisingProblem` with M ≤ 4.
@@ -730,8 +780,31 @@ def linear_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
         a scalar.
     """
     A = linear_optimum(problem)
-    linear_risk = problem.xi**2 * jnp.trace(A)
-    return linear_risk - problem.bayes_risk(n_nodes=n_nodes)
+    return problem.xi**2 * jnp.trace(A) - problem.bayes_risk(n_nodes=n_nodes)
+
+
+def affine_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
+    r"""The excess risk of the best affine denoiser, :math:`\mathbb E\|AZ + b - f^\star(Z)\|^2`.
+
+    .. math::
+
+        \xi^2 \operatorname{tr}\big(\Sigma (\Sigma + \xi^2 I)^{-1}\big) - \mathcal R(f^\star),
+        \qquad \Sigma = \operatorname{Cov}(X),
+
+    with :math:`(A, b)` from :func:`affine_optimum` (whose docstring derives the risk)
+    and the Bayes risk from :meth:`DenoisingProblem.bayes_risk`. Zero exactly when the
+    Bayes denoiser is affine (one component); what remains of :func:`linear_gap` once
+    an intercept is allowed: the price of no selection.
+
+    Args:
+        problem: a :class:`DenoisingProblem` with M ≤ 4.
+        n_nodes: passed to :meth:`DenoisingProblem.bayes_risk`.
+
+    Returns:
+        a scalar.
+    """
+    A, _ = affine_optimum(problem)
+    return problem.xi**2 * jnp.trace(A) - problem.bayes_risk(n_nodes=n_nodes)
 
 
 # ----------------------------------------------------------------------------- in-context denoising

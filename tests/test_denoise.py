@@ -267,6 +267,72 @@ def test_linear_optimum_is_least_squares():
     assert gap > 0
 
 
+def numpy_affine_optimum(weights, means, gamma, xi):
+    """Cov(X, Z) Cov(Z)^-1 and E X - A E Z, from the moments of the mixture written out in numpy."""
+    mean = weights @ means
+    cov = gamma**2 * np.eye(means.shape[1]) + (weights[:, None] * (means - mean)).T @ (means - mean)
+    A = np.linalg.solve(cov + xi**2 * np.eye(len(mean)), cov).T  # Cov(X, Z) = Cov(X), Cov(Z) = Cov(X) + xi^2 I
+    return A, mean - A @ mean
+
+
+@pytest.mark.parametrize("m, d", [(2, 2), (3, 3)])
+def test_affine_optimum_is_least_squares_with_an_intercept(m, d):
+    rng = np.random.default_rng(20 + m)
+    weights = rng.dirichlet(np.ones(m))
+    means = rng.normal(size=(m, d)) * 2 + 1.0  # unequal norms, E X far from 0
+    prob = dn.DenoisingProblem(weights, means, 0.7, 1.2)
+    A, b = dn.affine_optimum(prob)
+    assert A.shape == (d, d) and b.shape == (d,)
+    A_np, b_np = numpy_affine_optimum(weights, means, 0.7, 1.2)
+    np.testing.assert_allclose(A, A_np, atol=1e-12)
+    np.testing.assert_allclose(b, b_np, atol=1e-12)
+    x, z = prob.sample(jax.random.key(m), 400_000)
+    x, z = np.asarray(x), np.asarray(z)
+    design = np.concatenate([z, np.ones((len(z), 1))], axis=1)
+    coef, *_ = np.linalg.lstsq(design, x, rcond=None)  # x ≈ z @ A.T + b
+    np.testing.assert_allclose(A, coef[:d].T, atol=0.01)
+    np.testing.assert_allclose(b, coef[d], atol=0.02)
+    # the gap: closed form against the quadrature excess risk of z -> Az + b and the sample risk difference
+    gap = float(dn.affine_gap(prob, n_nodes=4001 if m == 2 else 200))  # fine rules: the M = 3 gates are steep
+    assert abs(gap - float(prob.excess_risk(lambda q: q @ A.T + b, n_nodes=80 if d == 2 else 90))) < 1e-8
+    loss = np.sum((x - z @ np.asarray(A).T - np.asarray(b)) ** 2, -1) - np.sum((x - np.asarray(prob.bayes(z))) ** 2, -1)
+    assert abs(loss.mean() - gap) < 5 * loss.std() / np.sqrt(loss.size)
+    # the intercept helps: the affine gap is below the linear one, by xi^2 (tr A_lin - tr A_aff) > 0
+    lin = float(dn.linear_gap(prob, n_nodes=4001 if m == 2 else 200))
+    assert 0 < gap < lin
+    np.testing.assert_allclose(lin - gap, 1.44 * (np.trace(dn.linear_optimum(prob)) - np.trace(A_np)), rtol=1e-9)
+
+
+def test_affine_gap_in_the_figure_2_setting_and_special_cases():
+    prob = dn.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], 1.0, 2.0)
+    # the values the issue quotes (0.126 against 1.642), now from the independent numpy optimum
+    A, b = numpy_affine_optimum(np.array([0.5, 0.5]), np.array([[3.0, 0.0], [0.0, 3.0]]), 1.0, 2.0)
+    assert float(dn.affine_gap(prob)) == pytest.approx(float(prob.excess_risk(lambda q: q @ A.T + b)), abs=1e-9)
+    assert float(dn.affine_gap(prob)) == pytest.approx(0.126, abs=5e-4)
+    assert float(dn.linear_gap(prob)) == pytest.approx(1.642, abs=5e-4)
+    # one component: the Bayes denoiser is affine, (gamma^2/s) z + (xi^2/s) m, and the gap vanishes
+    one = dn.DenoisingProblem([1.0], [[2.0, -1.0]], 0.8, 1.5)
+    A1, b1 = dn.affine_optimum(one)
+    s = 0.8**2 + 1.5**2
+    np.testing.assert_allclose(A1, 0.8**2 / s * np.eye(2), atol=1e-14)
+    np.testing.assert_allclose(b1, 1.5**2 / s * np.array([2.0, -1.0]), atol=1e-14)
+    assert abs(float(dn.affine_gap(one))) < 1e-12
+    # E X = 0 (opposite means, balanced): the intercept is 0 and the two gaps coincide
+    sym = dn.DenoisingProblem([0.5, 0.5], [[2.0, 1.0], [-2.0, -1.0]], 1.0, 1.0)
+    A2, b2 = dn.affine_optimum(sym)
+    np.testing.assert_allclose(b2, 0.0, atol=1e-14)
+    np.testing.assert_allclose(A2, dn.linear_optimum(sym), atol=1e-14)
+    assert float(dn.affine_gap(sym)) == pytest.approx(float(dn.linear_gap(sym)), abs=1e-14)
+    with pytest.raises(ValueError, match="problem"):
+        dn.affine_optimum("not a problem")
+    # float32 follows the problem's dtype
+    p32 = dn.DenoisingProblem(np.float32([0.5, 0.5]), np.float32([[3.0, 0.0], [0.0, 3.0]]), np.float32(1.0),
+                              np.float32(2.0))
+    A32, b32 = dn.affine_optimum(p32)
+    assert A32.dtype == b32.dtype == jnp.float32
+    np.testing.assert_allclose(A32, A, atol=1e-5)
+
+
 def test_bayes_risk_against_monte_carlo():
     rng = np.random.default_rng(9)
     for m in (1, 2, 3):

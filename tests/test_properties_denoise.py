@@ -234,6 +234,14 @@ def test_linear_optimum_and_gap(prob):
     assert d * g**2 * x**2 / s - slack - 100 * t <= bayes <= min(d * x**2, np.trace(cov_x)) + slack + 100 * t
     assert gap >= -slack - 1e3 * t * sc
     np.testing.assert_allclose(gap, x**2 * np.trace(A) - bayes, atol=1e3 * t * sc * (1 + d * x**2))
+    # the affine optimum: the same shrinkage of Cov X, the intercept (I - A) E X, a gap between 0 and the linear one
+    Aa, b = (_np(v) for v in dn.affine_optimum(prob))
+    mean = w @ m
+    np.testing.assert_allclose(Aa, (M2 - np.outer(mean, mean)) @ np.linalg.inv(M2 - np.outer(mean, mean) + x**2 * np.eye(d)),
+                               atol=100 * t * sc)
+    np.testing.assert_allclose(b, mean - Aa @ mean, atol=100 * t * sc * (1 + np.abs(mean).max()))
+    affine = float(dn.affine_gap(prob))
+    assert -slack - 1e3 * t * sc <= affine <= gap + slack + 1e3 * t * sc
 
 
 @SETTINGS
@@ -362,9 +370,9 @@ def test_constructions_reject_invalid(prob, data, fn):
 @SETTINGS
 @given(prob=problems(dtype=np.float64), data=st.data())
 def test_linear_optimum_and_gap_reject_invalid(prob, data):
-    fn = data.draw(st.sampled_from(["linear_optimum", "linear_gap"]))
+    fn = data.draw(st.sampled_from(["linear_optimum", "linear_gap", "affine_optimum", "affine_gap"]))
     args, spec = dict(problem=prob), {"problem": OBJ(_not_a_problem)}
-    if fn == "linear_gap":
+    if fn.endswith("_gap"):
         args["n_nodes"], spec["n_nodes"] = 20, OBJ(lambda v: _bad_positive_int(v).filter(lambda c: c is not None))
     name, bad = data.draw(corrupt(args, spec))
     assert_rejects(lambda: getattr(dn, fn)(**bad), name)
@@ -465,7 +473,7 @@ def test_tanh_fixed_point_rejects_invalid(data, lam):
 def test_public_entry_points_are_all_covered():
     """A new public name in gmlib.denoise must get property tests here (a valid-input and an invalid-input test)."""
     covered = {"DenoisingProblem", "two_head_bayes", "single_head_bayes", "multi_head_attention", "linear_optimum",
-               "linear_gap", "InContextParams", "in_context_params", "in_context_denoise", "iterate", "separation",
+               "linear_gap", "affine_optimum", "affine_gap", "InContextParams", "in_context_params", "in_context_denoise", "iterate", "separation",
                "tanh_fixed_point"}
     missing = set(dn.__all__) - covered
     assert not missing, f"gmlib.denoise.{sorted(missing)} has no property tests: add them here, then list the name"
