@@ -55,6 +55,10 @@ __all__ = [
     "DenoisingProblem",
     "two_head_bayes",
     "single_head_bayes",
+    "augment",
+    "multi_head_bayes",
+    "heads_needed",
+    "skip_head_bayes",
     "multi_head_attention",
     "linear_optimum",
     "linear_gap",
@@ -112,55 +116,71 @@ def _unit_orthogonal(basis):
 @validated_pytree
 @dataclass(frozen=True, eq=False)
 class DenoisingProblem:
-    r"""Denoising :math:`X \sim \sum_k \pi_k \mathcal N(m_k, \gamma^2 I_d)` from :math:`Z = X + \xi\,\varepsilon`.
+    r"""Denoising :math:`X \sim \sum_k \pi_k \mathcal N(m_k, \Gamma)` from :math:`Z = X + \xi\,\varepsilon`.
 
     Let :math:`\pi` denote ``weights`` (M,), :math:`m_k` the rows of ``means`` (M, d),
-    :math:`\gamma` ``gamma`` (the within-component standard deviation, 0 allowed: point
-    masses, Remark 4.2) and :math:`\xi` ``xi`` (the noise level). Any number of
-    components and any means (equal norms are only needed by the head constructions).
-    A frozen JAX pytree: pass it through ``jit``, ``vmap`` and ``grad``.
+    :math:`\Gamma` the shared within-component covariance, given either as ``gamma``
+    (:math:`\Gamma = \gamma^2 I_d`, the paper's setting; 0 allowed: point masses,
+    Remark 4.2) or as ``cov`` (any (d, d) positive semi-definite matrix), and
+    :math:`\xi` ``xi`` (the noise level); write :math:`S = \Gamma + \xi^2 I_d`. Any number
+    of components and any means (the head constructions say what they need).
+    A frozen JAX pytree: pass it through ``jit``, ``vmap`` and ``grad``. For a
+    full-covariance problem the field ``gamma`` is ``None`` (and ``cov`` is ``None`` for
+    an isotropic one).
 
     Args:
         weights: :math:`\pi`, shape (M,), positive, summing to one.
         means: :math:`m_k`, shape (M, d), pairwise distinct.
-        gamma: :math:`\gamma \ge 0`, a scalar.
-        xi: :math:`\xi > 0`, a scalar.
+        gamma: :math:`\gamma \ge 0`, a scalar (isotropic :math:`\Gamma = \gamma^2 I_d`).
+        xi: :math:`\xi > 0`, a scalar (required).
+        cov: :math:`\Gamma`, shape (d, d), symmetric positive semi-definite (keyword only;
+            exactly one of ``gamma`` and ``cov``).
 
     Raises:
         ValueError: naming the argument, for wrong shapes, non-finite values,
             non-positive weights or weights not summing to one, equal means,
-            ``gamma < 0`` or ``xi <= 0``.
+            ``gamma < 0``, ``xi <= 0`` or missing, both or neither of ``gamma`` and ``cov``,
+            and (as :class:`~gmlib.GaussianMixture`) a non-symmetric or indefinite ``cov``.
 
     Example:
         >>> prob = DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)
         >>> prob.bayes(jnp.zeros((1, 2)))  # E[X | Z = 0]
+        >>> full = DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 1.0]], xi=2.0,
+        ...                         cov=[[1.0, 0.5], [0.5, 2.0]])
     """
 
     weights: jax.Array
     means: jax.Array
-    gamma: jax.Array
+    gamma: jax.Array | None
     xi: jax.Array
+    cov: jax.Array | None = None
 
-    def __init__(self, weights, means, gamma, xi):
-        dtype = _dtype_of(weights, means, gamma, xi)
-        weights = C.as_float_array(weights, "weights", dtype)
-        means = C.as_float_array(means, "means", dtype)
-        C.check_shape(weights, "weights", (None,), "(M,)")
+    def __init__(self, weights, means, gamma=None, xi=None, *, cov=None):
+        if xi is None:
+            raise ValueError("`xi` is required: the noise level, a positive scalar")
+        if (gamma is None) == (cov is None):
+            raise ValueError("exactly one of `gamma` (Gamma = gamma^2 I) and `cov` (a (d, d) matrix) must be "
+                             f"given; got {'both' if gamma is not None else 'neither'}")
+        dtype = _dtype_of(weights, means, xi, gamma if cov is None else cov)
+        weights = C.array(weights, "weights", (None,), dtype=dtype, desc="(M,)")
         m = weights.shape[0]
         if m == 0:
             raise ValueError("`weights` must hold at least one component; got shape (0,)")
-        C.check_shape(means, "means", (m, None), f"(M, d) with M = {m}")
-        if means.shape[1] == 0:
+        means = C.array(means, "means", (m, None), dtype=dtype, desc=f"(M, d) with M = {m}")
+        d = means.shape[1]
+        if d == 0:
             raise ValueError(f"`means` must have dimension d >= 1; got shape {tuple(means.shape)}")
-        C.check_finite(weights, "weights")
-        C.check_finite(means, "means")
-        gamma = _scalar(gamma, "gamma", dtype)
-        xi = _scalar(xi, "xi", dtype)
+        xi = C.array(xi, "xi", (), dtype=dtype, desc="() (a scalar)")
+        if cov is None:
+            gamma = C.array(gamma, "gamma", (), dtype=dtype, desc="() (a scalar)")
+            if C.is_concrete(gamma) and float(gamma) < 0:
+                raise ValueError(f"`gamma` must be non-negative (a standard deviation); got {float(gamma)}")
+        else:
+            cov = C.array(cov, "cov", (d, d), dtype=dtype, desc=f"(d, d) = ({d}, {d})")
+            C.check_psd(cov, "cov")
         if C.is_concrete(weights) and bool(jnp.any(weights <= 0)):
             raise ValueError(f"`weights` must be positive (every component present); got {np.asarray(weights)}")
         C.check_weights(weights)
-        if C.is_concrete(gamma) and float(gamma) < 0:
-            raise ValueError(f"`gamma` must be non-negative (a standard deviation); got {float(gamma)}")
         if C.is_concrete(xi) and float(xi) <= 0:
             raise ValueError(f"`xi` must be positive (no noise, nothing to denoise); got {float(xi)}")
         if C.is_concrete(means) and m > 1:
@@ -170,12 +190,12 @@ class DenoisingProblem:
             if np.any(dist <= 1e-12 * scale):
                 i, j = np.argwhere(dist <= 1e-12 * scale)[0]
                 raise ValueError(f"`means` must be pairwise distinct; rows {i} and {j} are equal")
-        for name, value in (("weights", weights), ("means", means), ("gamma", gamma), ("xi", xi)):
+        for name, value in (("weights", weights), ("means", means), ("gamma", gamma), ("xi", xi), ("cov", cov)):
             object.__setattr__(self, name, value)
 
     def astype(self, dtype) -> "DenoisingProblem":
         """The same problem with every parameter cast to ``dtype``."""
-        return DenoisingProblem.tree_unflatten(None, tuple(x.astype(dtype) for x in self.tree_flatten()[0]))
+        return jax.tree_util.tree_map(lambda x: x.astype(dtype), self)
 
     @property
     def n_components(self) -> int:
@@ -193,23 +213,43 @@ class DenoisingProblem:
         return self.means.dtype
 
     @property
+    def isotropic(self) -> bool:
+        r"""Whether :math:`\Gamma = \gamma^2 I_d` (given as ``gamma``) rather than a full ``cov``."""
+        return self.cov is None
+
+    @property
     def s(self):
-        r""":math:`s = \gamma^2 + \xi^2`, the variance of each noisy component (:math:`S = s I_d`)."""
+        r""":math:`s = \gamma^2 + \xi^2`, the variance of each noisy component (:math:`S = s I_d`); isotropic problems only."""
+        if self.cov is not None:
+            raise ValueError("`s` is defined for an isotropic problem (given `gamma`); this one has a full "
+                             "covariance `cov`: use `S`")
         return self.gamma**2 + self.xi**2
 
     @property
-    def clean(self) -> GaussianMixture:
-        r"""The law of :math:`X`: :math:`\sum_k \pi_k \mathcal N(m_k, \gamma^2 I_d)` (singular when :math:`\gamma = 0`)."""
-        covs = jnp.broadcast_to(self.gamma**2 * jnp.eye(self.dim, dtype=self.dtype),
-                                (self.n_components, self.dim, self.dim))
+    def covariance(self):
+        r""":math:`\Gamma`, the within-component covariance, shape (d, d)."""
+        if self.cov is None:
+            return self.gamma**2 * jnp.eye(self.dim, dtype=self.dtype)
+        return self.cov
+
+    @property
+    def S(self):
+        r""":math:`S = \Gamma + \xi^2 I_d`, the covariance of each noisy component, shape (d, d)."""
+        return self.covariance + self.xi**2 * jnp.eye(self.dim, dtype=self.dtype)
+
+    def _mixture(self, cov) -> GaussianMixture:
+        covs = jnp.broadcast_to(cov, (self.n_components, self.dim, self.dim))
         return GaussianMixture.tree_unflatten(None, (self.weights, self.means, covs))
 
     @property
+    def clean(self) -> GaussianMixture:
+        r"""The law of :math:`X`: :math:`\sum_k \pi_k \mathcal N(m_k, \Gamma)` (singular when :math:`\Gamma` is)."""
+        return self._mixture(self.covariance)
+
+    @property
     def noisy(self) -> GaussianMixture:
-        r"""The law of :math:`Z`: :math:`\sum_k \pi_k \mathcal N(m_k, s I_d)`, the prompt :math:`\mu_Z`."""
-        covs = jnp.broadcast_to(self.s * jnp.eye(self.dim, dtype=self.dtype),
-                                (self.n_components, self.dim, self.dim))
-        return GaussianMixture.tree_unflatten(None, (self.weights, self.means, covs))
+        r"""The law of :math:`Z`: :math:`\sum_k \pi_k \mathcal N(m_k, S)`, the prompt :math:`\mu_Z`."""
+        return self._mixture(self.S)
 
     def _queries(self, z, name="z"):
         dtype = C.common_float_dtype(self.means, z)
@@ -224,10 +264,11 @@ class DenoisingProblem:
 
         .. math::
 
-            \beta_k(z) = \operatorname{softmax}_k\Big(\log \pi_k + \frac{m_k^\top z}{s}
-            - \frac{\|m_k\|^2}{2s}\Big),
+            \beta_k(z) = \operatorname{softmax}_k\Big(\log \pi_k + m_k^\top S^{-1} z
+            - \tfrac12 m_k^\top S^{-1} m_k\Big)
 
-        computed in log space (stable far from every component).
+        (eq 10; :math:`S^{-1} = I_d / s` in the isotropic case), computed in log space
+        (stable far from every component).
 
         Args:
             z: queries, shape (n, d).
@@ -240,9 +281,10 @@ class DenoisingProblem:
 
         .. math::
 
-            f^\star(z) = \frac{\gamma^2}{s} z + \frac{\xi^2}{s} \sum_k \beta_k(z)\, m_k ,
+            f^\star(z) = \Gamma S^{-1} z + \xi^2 S^{-1} \sum_k \beta_k(z)\, m_k
 
-        with the posterior weights :math:`\beta_k` of :meth:`posterior`; any means,
+        (:math:`\frac{\gamma^2}{s} z + \frac{\xi^2}{s} \sum_k \beta_k(z) m_k` when
+        :math:`\Gamma = \gamma^2 I_d`), with the posterior weights :math:`\beta_k` of :meth:`posterior`; any means,
         any number of components. Tweedie's formula gives the same map:
         :math:`f^\star(z) = z + \xi^2 \nabla \log p_Z(z)`.
 
@@ -380,10 +422,17 @@ class DenoisingProblem:
         return within + (self.xi**2 / self.s) ** 2 * _between_variance(self, nodes, w)
 
 
+def _precision_means(prob):
+    """The rows :math:`(S^{-1} m_k)^\top`, shape (M, d), by a Cholesky solve (S is positive definite)."""
+    if prob.cov is None:
+        return prob.means / prob.s
+    return jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(prob.S), prob.means.T).T
+
+
 def _logits(prob, z):
-    s = prob.s
-    half_norms = 0.5 * jnp.sum(prob.means**2, axis=-1)
-    return jnp.log(prob.weights)[None, :] + (z @ prob.means.T - half_norms[None, :]) / s
+    pm = _precision_means(prob)
+    half_norms = 0.5 * jnp.sum(pm * prob.means, axis=-1)
+    return jnp.log(prob.weights)[None, :] + z @ pm.T - half_norms[None, :]
 
 
 @jax.jit
@@ -393,9 +442,13 @@ def _posterior(prob, z):
 
 @jax.jit
 def _bayes(prob, z):
-    s = prob.s
     beta = jax.nn.softmax(_logits(prob, z), axis=-1)
-    return (prob.gamma**2 / s) * z + (prob.xi**2 / s) * (beta @ prob.means)
+    if prob.cov is None:
+        s = prob.s
+        return (prob.gamma**2 / s) * z + (prob.xi**2 / s) * (beta @ prob.means)
+    # Gamma S^{-1} z + xi^2 S^{-1} sum_k beta_k m_k = z - xi^2 S^{-1} (z - sum_k beta_k m_k), rows
+    factor = jax.scipy.linalg.cho_factor(prob.S)
+    return z - prob.xi**2 * jax.scipy.linalg.cho_solve(factor, (z - beta @ prob.means).T).T
 
 
 def _squared_error(prob, f):
@@ -438,17 +491,29 @@ def _check_pair(problem, what: str, need_dim2: bool = True):
         raise ValueError(f"`problem` must have M = 2 components for {what}; got M = {problem.n_components}")
     if need_dim2 and problem.dim < 2:
         raise ValueError(f"`problem` must have dimension d >= 2 for {what}; got d = {problem.dim}")
+    if not problem.isotropic:
+        raise ValueError(f"`problem` must be isotropic (given `gamma`) for {what}; for a full covariance use "
+                         "two_head_bayes, multi_head_bayes or skip_head_bayes")
     if C.is_concrete(problem.means):
         r1, r2 = np.linalg.norm(np.asarray(problem.means, dtype=np.float64), axis=-1)
         if abs(r1 - r2) > _tol(problem.dtype) * max(r1, r2, 1.0):
             raise ValueError(
                 f"`means` must have equal norms for {what} (the offsets -||m_k||^2/(2s) of the "
-                f"posterior cannot come from dot-product scores); got ||m_1|| = {r1:.6g}, ||m_2|| = {r2:.6g}"
+                f"posterior cannot come from dot-product scores); got ||m_1|| = {r1:.6g}, ||m_2|| = {r2:.6g}. "
+                "Tokens with a constant coordinate produce them: two_head_bayes(problem, constant_token=True)"
             )
 
 
-def two_head_bayes(problem: DenoisingProblem):
+def two_head_bayes(problem: DenoisingProblem, constant_token: bool = False):
     r"""Two softmax heads whose sum on the noisy prompt is the Bayes denoiser (Thm 4.1).
+
+    With ``constant_token=True`` the heads are (d + 1) × (d + 1) and act on tokens and
+    queries that carry a constant coordinate 1 (:func:`augment`): then any two distinct
+    means (any norms, collinear or not), any weights and any covariance (``gamma`` or
+    ``cov``) are allowed, and the first d coordinates of the summed heads on
+    ``augment(problem.noisy)`` are :math:`f^\star` (the last is 1). The construction is
+    :func:`multi_head_bayes`'s with two heads; its derivation is in chapter 8 of the book.
+    The rest of this docstring is the ``constant_token=False`` case (the paper's).
 
     Let :math:`a = \xi^2/s`, :math:`\Delta = m_1 - m_2`. For two components of equal
     norm in d ≥ 2 the returned heads satisfy, for every query z,
@@ -478,16 +543,41 @@ def two_head_bayes(problem: DenoisingProblem):
         problem: a :class:`DenoisingProblem` with M = 2, d ≥ 2 and
             :math:`\|m_1\| = \|m_2\|` (any weights, any :math:`\gamma \ge 0`).
 
+    A full-covariance problem without the constant coordinate gets
+    :func:`multi_head_bayes`'s construction, which needs equal :math:`S^{-1}`-norms
+    :math:`m_1^\top S^{-1} m_1 = m_2^\top S^{-1} m_2`.
+
+    Args:
+        problem: a :class:`DenoisingProblem` with M = 2, d ≥ 2 and (without the constant
+            coordinate) :math:`\|m_1\| = \|m_2\|` (any weights, any :math:`\gamma \ge 0`).
+        constant_token: act on tokens augmented with a constant coordinate (any norms).
+
     Returns:
-        ``[(U1, V1), (U2, V2)]``, each matrix of shape (d, d).
+        ``[(U1, V1), (U2, V2)]``, each matrix of shape (d, d), or (d + 1, d + 1) with
+        ``constant_token=True``.
 
     Raises:
-        ValueError: if M ≠ 2, d < 2, or the norms differ.
+        ValueError: if M ≠ 2, d < 2, or (without the constant coordinate) the norms
+            differ; the message says that ``constant_token=True`` handles unequal norms.
 
     Example:
         >>> heads = two_head_bayes(prob)
         >>> multi_head_attention(prob.noisy, z, heads)  # equals prob.bayes(z)
+        >>> heads = two_head_bayes(prob, constant_token=True)
+        >>> multi_head_attention(augment(prob.noisy), augment(z), heads)[:, :-1]  # too
     """
+    if constant_token or (isinstance(problem, DenoisingProblem) and not problem.isotropic):
+        _check_problem(problem)
+        if problem.n_components != 2:
+            raise ValueError(f"`problem` must have M = 2 components for the two-head construction; got "
+                             f"M = {problem.n_components} (multi_head_bayes handles more)")
+        if problem.dim < 2:
+            raise ValueError(f"`problem` must have dimension d >= 2 for the two-head construction; got d = "
+                             f"{problem.dim}")
+        _, _, why = _plan(problem, constant_token, 2)
+        if why is not None:
+            raise ValueError(f"no two-head Bayes construction for `problem`: {why}")
+        return _matched_heads(problem, 1, 2, bool(constant_token))
     _check_pair(problem, "the two-head construction")
     (U1, V1), (U2, V2) = _two_heads(problem)
     return [(U1, V1), (U2, V2)]
@@ -618,6 +708,264 @@ def _single_head(p):
     V0 = basis @ basis.T - jnp.outer(delta, n) / r
     degenerate = p.gamma == 0
     return jnp.where(degenerate, U0, balanced[0]), jnp.where(degenerate, V0, balanced[1])
+
+
+def augment(prompt):
+    r"""Tokens, queries or a prompt law with a constant coordinate 1 appended.
+
+    An array :math:`x` of shape (..., d) becomes :math:`(x, 1)`, shape (..., d + 1); a
+    :class:`~gmlib.GaussianMixture` :math:`\sum_k \pi_k \mathcal N(m_k, \Gamma_k)` becomes
+    :math:`\sum_k \pi_k \mathcal N\big((m_k, 1), \operatorname{blockdiag}(\Gamma_k, 0)\big)`,
+    the law of the augmented tokens. A head :math:`(U, V)` on augmented tokens has the
+    score :math:`(x, 1)^\top U (z, 1)`, which gains a term linear in the token
+    (:math:`x^\top b` with :math:`b` the last column of U's first d rows), so that the
+    gate logits of Prop 2.1 gain :math:`m_k^\top b`.
+
+    Args:
+        prompt: an array (..., d) or a :class:`~gmlib.GaussianMixture`.
+
+    Returns:
+        the same kind of object, in dimension d + 1.
+
+    Raises:
+        ValueError: naming ``prompt`` for a non-numeric, non-finite or 0-d array.
+
+    Example:
+        >>> augment(jnp.zeros((3, 2)))  # rows (0, 0, 1)
+    """
+    if isinstance(prompt, GaussianMixture):
+        m, d = prompt.n_components, prompt.dim
+        means = jnp.concatenate([prompt.means, jnp.ones((m, 1), prompt.dtype)], axis=1)
+        covs = jnp.zeros((m, d + 1, d + 1), prompt.dtype).at[:, :d, :d].set(prompt.covs)
+        return GaussianMixture.tree_unflatten(None, (prompt.weights, means, covs))
+    x = C.array(prompt, "prompt")
+    if x.ndim == 0:
+        raise ValueError("`prompt` must be an array (..., d) or a GaussianMixture; got a scalar")
+    return jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], axis=-1)
+
+
+def _plan(problem, constant_token: bool, n_heads=None):
+    r"""The rank r of the mean differences and the number of matched-gate heads, after checking feasibility.
+
+    Returns ``(r, h)``: h the fewest heads of :func:`multi_head_bayes` (``n_heads`` when
+    given), or ``(r, None)`` when there is no matched-gate construction with any number of
+    heads (the message of the ``ValueError`` that :func:`multi_head_bayes` raises then is
+    the third element). Needs concrete means and covariance; under tracing it assumes
+    general position (r = min(M - 1, d)) and trusts the offsets.
+    """
+    m, d = problem.n_components, problem.dim
+    concrete = C.is_concrete(problem.means) and C.is_concrete(problem.S)
+    if not concrete:
+        r = min(m - 1, d)
+        need = 1 if r == 0 else -(-d // (d - r)) if r < d else 1
+        return r, (need if n_heads is None else n_heads), None
+    mu = np.asarray(problem.means, dtype=np.float64)
+    S = np.asarray(problem.S, dtype=np.float64)
+    x2 = float(problem.xi) ** 2
+    tol = _tol(problem.dtype)
+    diffs = mu[:-1] - mu[-1]
+    sv = np.linalg.svd(diffs, compute_uv=False) if m > 1 else np.zeros(0)
+    r = int(np.sum(sv > tol * max(1.0, sv.max(initial=0.0))))
+    # the gate offsets -m_k^T S^{-1} m_k / 2 (up to a common constant) must come from m_k^T b
+    q = 0.5 * np.sum(mu * np.linalg.solve(S, mu.T).T, axis=-1)
+    y = -(q[:-1] - q[-1])
+    why = None
+    if m > 1:
+        if constant_token:
+            b = np.linalg.lstsq(diffs, y, rcond=None)[0]
+            if np.abs(diffs @ b - y).max() > tol * max(1.0, np.abs(y).max()) * 1e3:
+                why = ("the gate offsets -m_k^T S^{-1} m_k / 2 are not m_k^T b + c for any b, c: the means "
+                       "do not lie on a common sphere of the metric S^{-1} (affinely independent means always do)")
+        elif np.abs(y).max() > tol * max(1.0, np.abs(q).max()):
+            why = ("the means must have equal S^{-1}-norms m_k^T S^{-1} m_k without the constant coordinate "
+                   "(the offsets of the posterior cannot come from dot-product scores); use constant_token=True")
+    # the linear part left to the heads, (Gamma - xi^2 I) S^{-1}: zero exactly when Gamma = xi^2 I
+    resid = np.abs(S - 2 * x2 * np.eye(d)).max() > tol * max(1.0, np.abs(S).max())
+    need = 1 if not resid else (None if r >= d else -(-d // (d - r)))
+    if need is None and why is None:
+        why = (f"no matched-gate construction exists: the {m} means span an affine space of dimension r = {r} "
+               f"= d, so every head's U is S^{{-1}} on it and the heads' linear part cannot be Gamma S^{{-1}} "
+               "unless Gamma = xi^2 I; skip_head_bayes (a linear skip connection) works")
+    if n_heads is not None and need is not None and n_heads < need:
+        why = why or f"`n_heads` must be at least {need} for these means (r = {r}, d = {d}); got {n_heads}"
+    return r, (need if n_heads is None else n_heads), why
+
+
+def heads_needed(problem: DenoisingProblem, *, constant_token: bool = True):
+    r"""The fewest heads of :func:`multi_head_bayes` for ``problem``, or ``None`` where it has no construction.
+
+    With r the dimension of the affine span of the means and :math:`R = (\Gamma - \xi^2 I) S^{-1}`:
+    1 when :math:`\Gamma = \xi^2 I_d`; :math:`\lceil d / (d - r) \rceil` when r < d; ``None``
+    when r = d (M ≥ d + 1 means in general position) or when the gate offsets cannot be
+    produced: they are :math:`m_k^\top b + c` for some b, c exactly when the means lie on a
+    common sphere of the metric :math:`S^{-1}` (always for affinely independent means;
+    never for three collinear ones), and without the constant coordinate that sphere must
+    be centred at 0 (equal :math:`S^{-1}`-norms). For an
+    invertible R this is also the fewest heads of any construction whose heads all have the
+    Bayes gates (the book's chapter 8 proves it: each head adds a term of rank at most
+    d − r to the linear part).
+
+    Args:
+        problem: a :class:`DenoisingProblem` (concrete values).
+        constant_token: whether the tokens carry a constant coordinate.
+
+    Returns:
+        an int, or ``None``.
+    """
+    _check_problem(problem)
+    _, need, why = _plan(problem, constant_token)
+    return None if why is not None else need
+
+
+def multi_head_bayes(problem: DenoisingProblem, *, constant_token: bool = True, n_heads: int | None = None):
+    r"""Heads whose sum on the noisy prompt is the Bayes denoiser of M components, any covariance (matched gates).
+
+    Let :math:`S = \Gamma + \xi^2 I_d`, :math:`G = \xi^2 S^{-1}`,
+    :math:`R = (\Gamma - \xi^2 I_d) S^{-1}`, :math:`D` the (M − 1, d) matrix of rows
+    :math:`m_k - m_M`, of rank r, :math:`B_D` (d, r) and :math:`B_Q` (d, k = d − r)
+    orthonormal bases of its row space and of the complement. Every head gets the Bayes
+    gates, :math:`U_j = S^{-1} + B_Q E_j` (so :math:`D U_j = D S^{-1}`), and the values
+    :math:`V_j = C_j T^{+} + G (I - T T^{+}) / h` with :math:`T = S B_Q`, where the blocks
+    :math:`C_j` (d, k) sum to :math:`\xi^2 B_Q` and :math:`[C_1 \dots C_h]` has rank d
+    (the first h − 1 carry :math:`\xi^2 B_D`), and
+    :math:`E = [C_1 \dots C_h]^{+} R`. Then :math:`\sum_j V_j = G` and
+    :math:`\sum_j V_j S U_j = G + R = \Gamma S^{-1}`, so that
+
+    .. math::
+
+        \sum_j T_{U_j, V_j}[\mu_Z](z) = \Gamma S^{-1} z + \xi^2 S^{-1} \sum_k \beta_k(z) m_k
+        = f^\star(z) \quad (\text{eq 10}).
+
+    With the constant coordinate (:func:`augment`) the heads are (d + 1) × (d + 1): their
+    score gains :math:`x^\top b` with :math:`D b = -\tfrac12 (m_k^\top S^{-1} m_k -
+    m_M^\top S^{-1} m_M)_k`, which puts the offsets of the posterior into the gates, the
+    last column of the values cancels the shift :math:`V_j S b` it causes in the experts,
+    and the last row of each value matrix is :math:`(0, \dots, 0, 1/h)` (the output
+    carries the constant coordinate 1). Without it the means must have equal
+    :math:`S^{-1}`-norms. The number of heads is :func:`heads_needed`'s.
+
+    Args:
+        problem: a :class:`DenoisingProblem` (any M, any covariance; concrete values to
+            choose r and the number of heads).
+        constant_token: act on augmented tokens (default ``True``).
+        n_heads: more heads than the fewest (the same construction).
+
+    Returns:
+        a list of ``(U, V)`` pairs, (d, d) or (d + 1, d + 1) each.
+
+    Raises:
+        ValueError: where no construction exists (r = d with :math:`\Gamma \ne \xi^2 I`;
+            offsets that cannot be produced), or ``n_heads`` is too small.
+
+    Example:
+        >>> heads = multi_head_bayes(prob)  # prob with three means in d = 3
+        >>> multi_head_attention(augment(prob.noisy), augment(z), heads)[:, :-1]  # = prob.bayes(z)
+    """
+    _check_problem(problem)
+    if n_heads is not None:
+        n_heads = C.scalar(n_heads, "n_heads", low=0, integer=True)
+    r, h, why = _plan(problem, constant_token, n_heads)
+    if why is not None:
+        raise ValueError(f"no multi-head Bayes construction for `problem`: {why}")
+    return _matched_heads(problem, r, h, bool(constant_token))
+
+
+def _head_offsets(p, Sinv):
+    """b with (m_k - m_M)^T b = -(m_k^T S^{-1} m_k - m_M^T S^{-1} m_M) / 2 (minimum norm)."""
+    if p.n_components == 1:
+        return jnp.zeros(p.dim, p.dtype)
+    q = 0.5 * jnp.sum((p.means @ Sinv) * p.means, axis=-1)
+    diffs = p.means[:-1] - p.means[-1]
+    return jnp.linalg.pinv(diffs) @ (q[-1] - q[:-1])
+
+
+def _embed(p, A, V, b, last):
+    """The (d + 1) × (d + 1) head of a (d, d) head (A, V) with score offset b and value last row (0, last)."""
+    d = p.dim
+    U = jnp.zeros((d + 1, d + 1), p.dtype).at[:d, :d].set(A).at[:d, d].set(b)
+    Vt = jnp.zeros((d + 1, d + 1), p.dtype).at[:d, :d].set(V).at[:d, d].set(-V @ p.S @ b).at[d, d].set(last)
+    return U, Vt
+
+
+@partial(jax.jit, static_argnums=(1, 2, 3))
+def _matched_heads(p, r: int, h: int, constant: bool):
+    d, dt = p.dim, p.dtype
+    eye = jnp.eye(d, dtype=dt)
+    S = p.S
+    Sinv = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(S), eye)
+    Sinv = 0.5 * (Sinv + Sinv.T)
+    x2 = p.xi**2
+    G = x2 * Sinv
+    if h == 1:
+        As, Vs = [Sinv], [G]
+    else:
+        R = eye - 2 * G  # Gamma S^{-1} - xi^2 S^{-1}
+        k = d - r
+        if r > 0:
+            _, _, vt = jnp.linalg.svd(p.means[:-1] - p.means[-1], full_matrices=True)
+            B_D, B_Q = vt[:r].T, vt[r:].T
+        else:
+            B_D, B_Q = jnp.zeros((d, 0), dt), eye
+        F = jnp.concatenate([x2 * B_D, jnp.zeros((d, (h - 1) * k - r), dt)], axis=1)
+        Cs = [F[:, j * k:(j + 1) * k] for j in range(h - 1)]
+        Cs.append(x2 * B_Q - sum(Cs))
+        E = jnp.linalg.pinv(jnp.concatenate(Cs, axis=1)) @ R  # (h k, d)
+        T = S @ B_Q
+        T_plus = jnp.linalg.solve(T.T @ T, T.T)  # (k, d), T^+ T = I_k
+        rest = G @ (eye - T @ T_plus) / h
+        As = [Sinv + B_Q @ E[j * k:(j + 1) * k] for j in range(h)]
+        Vs = [Cj @ T_plus + rest for Cj in Cs]
+    if not constant:
+        return list(zip(As, Vs))
+    b = _head_offsets(p, Sinv)
+    return [_embed(p, A, V, b, 1.0 / h) for A, V in zip(As, Vs)]
+
+
+def skip_head_bayes(problem: DenoisingProblem, *, constant_token: bool = True):
+    r"""One head and a linear skip connection, :math:`f(z) = B z + T_{U,V}[\mu_Z](z)`, equal to the Bayes denoiser.
+
+    :math:`U = S^{-1}`, :math:`V = G = \xi^2 S^{-1}` and :math:`B = (\Gamma - \xi^2 I) S^{-1}`:
+    the gates are the posterior, the head gives :math:`G z + G \sum_k \beta_k m_k` and the
+    skip the rest of :math:`\Gamma S^{-1} z` (eq 10), for any number of components and any
+    covariance. With the constant coordinate the score gains the offsets (as in
+    :func:`multi_head_bayes`), U, V and B are (d + 1) × (d + 1), and the output carries the
+    constant coordinate 1; without it the means must have equal :math:`S^{-1}`-norms. Prop
+    4.4's output map is such a skip (its second head is zero).
+
+    Args:
+        problem: a :class:`DenoisingProblem`.
+        constant_token: act on augmented tokens (default ``True``).
+
+    Returns:
+        ``(B, (U, V))``.
+
+    Raises:
+        ValueError: where the gate offsets cannot be produced.
+
+    Example:
+        >>> B, (U, V) = skip_head_bayes(prob)
+        >>> zt = augment(z)
+        >>> (zt @ B.T + population_attention(augment(prob.noisy), zt, U, V))[:, :-1]  # = prob.bayes(z)
+    """
+    _check_problem(problem)
+    _, _, why = _plan(problem, constant_token, 1)
+    if why is not None and "offsets" in why:
+        raise ValueError(f"no skip-head Bayes construction for `problem`: {why}")
+    return _skip_head(problem, bool(constant_token))
+
+
+@partial(jax.jit, static_argnums=(1,))
+def _skip_head(p, constant: bool):
+    d, dt = p.dim, p.dtype
+    eye = jnp.eye(d, dtype=dt)
+    Sinv = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(p.S), eye)
+    Sinv = 0.5 * (Sinv + Sinv.T)
+    G = p.xi**2 * Sinv
+    B = eye - 2 * G
+    if not constant:
+        return B, (Sinv, G)
+    U, V = _embed(p, Sinv, G, _head_offsets(p, Sinv), 0.0)
+    return jnp.zeros((d + 1, d + 1), dt).at[:d, :d].set(B).at[d, d].set(1.0), (U, V)
 
 
 def multi_head_attention(prompt, queries, heads, *, block_size=None):
