@@ -1,6 +1,6 @@
 r"""Softmax and linear attention, on finite prompts and in the infinite-prompt limit.
 
-Conventions (NOTES §0). A head has an interaction matrix :math:`U` (D × D) and a
+Conventions (those of the paper, eq 1). A head has an interaction matrix :math:`U` (D × D) and a
 value matrix :math:`V` (D_out × D). The score of a token :math:`z'` for a query
 :math:`z` is :math:`z'^\top U z = \langle U z, z' \rangle` (no :math:`1/\sqrt d`).
 Softmax attention on a probability measure :math:`\mu` (eq 1) is
@@ -19,6 +19,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gmlib import _checks as C
 from gmlib.mixture import GaussianMixture
@@ -36,38 +37,29 @@ __all__ = [
 
 
 def _check_head(queries, U, V, dim: int, dtype):
-    """Validate queries (n, D), U (D, D) and V (D_out, D) against the token dimension D."""
-    queries = C.as_float_array(queries, "queries", dtype)
-    U = C.as_float_array(U, "U", dtype)
-    V = C.as_float_array(V, "V", dtype)
-    C.check_shape(queries, "queries", (None, dim), f"(n, D) with D = {dim} (the token dimension)")
-    C.check_shape(U, "U", (dim, dim), f"(D, D) = ({dim}, {dim}) (the token dimension)")
-    C.check_shape(V, "V", (None, dim), f"(D_out, D) with D = {dim} (the token dimension)")
-    for a, name in ((queries, "queries"), (U, "U"), (V, "V")):
-        C.check_finite(a, name)
+    """Convert queries (n, D), U (D, D) and V (D_out, D), shapes against the token dimension D."""
+    queries = C.array(queries, "queries", (None, dim), dtype=dtype, finite=False,
+                      desc=f"(n, D) with D = {dim} (the token dimension)")
+    U = C.array(U, "U", (dim, dim), dtype=dtype, finite=False, desc=f"(D, D) = ({dim}, {dim}) (the token dimension)")
+    V = C.array(V, "V", (None, dim), dtype=dtype, finite=False, desc=f"(D_out, D) with D = {dim} (the token dimension)")
     return queries, U, V
 
 
-def _check_prompt(queries, tokens, U, V):
-    dtype = C.common_float_dtype(queries, tokens, U, V)
-    tokens = C.as_float_array(tokens, "tokens", dtype)
-    C.check_shape(tokens, "tokens", (None, None), "(L, D)")
+def _check_prompt(tokens, queries, U, V):
+    dtype = C.common_float_dtype(tokens, queries, U, V)
+    tokens = C.array(tokens, "tokens", (None, None), dtype=dtype, finite=False, desc="(L, D)")
     if tokens.shape[0] == 0:
         raise ValueError("`tokens` must hold at least one token (an empty prompt has no attention); got shape "
                          f"{tuple(tokens.shape)}")
-    C.check_finite(tokens, "tokens")
     queries, U, V = _check_head(queries, U, V, tokens.shape[1], dtype)
-    return queries, tokens, U, V
+    return tokens, queries, U, V
 
 
 def _check_mixture(mixture, queries, U, V=None):
     if not isinstance(mixture, GaussianMixture):
         raise ValueError(f"`mixture` must be a GaussianMixture; got {type(mixture).__name__}")
     dtype = C.common_float_dtype(mixture.means, queries, U, *(() if V is None else (V,)))
-    if dtype != mixture.dtype:
-        mixture = GaussianMixture.tree_unflatten(
-            None, tuple(x.astype(dtype) for x in (mixture.weights, mixture.means, mixture.covs))
-        )
+    mixture = mixture.astype(dtype)
     queries, U, V = _check_head(queries, U, jnp.zeros((1, mixture.dim), dtype) if V is None else V,
                                 mixture.dim, dtype)
     return mixture, queries, U, V
@@ -114,7 +106,7 @@ def softmax_attention(tokens, queries, U, V, *, block_size=None):
 
     Raises:
         ValueError: naming the argument, for wrong shapes, non-finite values, an
-            empty prompt or a non-positive ``block_size``.
+            empty prompt or a ``block_size`` other than ``None``, a positive int or ``"auto"``.
 
     Example:
         >>> out = softmax_attention(toks, q, jnp.eye(2), jnp.eye(2), block_size=4096)
@@ -122,9 +114,10 @@ def softmax_attention(tokens, queries, U, V, *, block_size=None):
     This is eq 1 of the paper on the empirical measure of the tokens.
     """
     auto = isinstance(block_size, str) and block_size == "auto"
-    if block_size is not None and not auto:
-        block_size = C.check_positive_int(block_size, "block_size")
-    queries, tokens, U, V = _check_prompt(queries, tokens, U, V)
+    if not (auto or block_size is None or (isinstance(block_size, (int, np.integer))
+                                           and not isinstance(block_size, bool) and block_size > 0)):
+        raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
+    tokens, queries, U, V = _check_prompt(tokens, queries, U, V)
     if auto:
         block_size = _auto_block_size(queries.shape[0], tokens.shape[0])
     if block_size is None or block_size >= tokens.shape[0]:
@@ -158,7 +151,11 @@ def _auto_block_size(n: int, L: int) -> int:
     return int(L if L <= 8 * b else b)
 
 
-@jax.jit
+_PROMPT = ("queries", "tokens", "U", "V")  # the arguments of the finite-prompt kernels, checked finite there
+_POPULATION = (None, "queries", "U", "V")  # the mixture was validated when it was built
+
+
+@C.finite_kernel(*_PROMPT)
 def _softmax_dense(queries, tokens, U, V):
     scores = (queries @ U.T) @ tokens.T  # (n, L): z_i^T U z
     weights = jax.nn.softmax(scores, axis=-1)
@@ -184,7 +181,7 @@ def _merge(carry, block):
     return m, s0 * r0 + s1 * r1, a0 * r0[:, None] + a1 * r1[:, None]
 
 
-@partial(jax.jit, static_argnums=4)
+@C.finite_kernel(*_PROMPT, None, static_argnums=4)
 def _softmax_blocked(queries, tokens, U, V, block_size: int):
     # Streams the prompt in place: full blocks are read with dynamic_slice inside a
     # fori_loop (no padded or reshaped copy of the (L, D) tokens, which at L = 2**23
@@ -237,11 +234,11 @@ def linear_attention(tokens, queries, U, V):
     Raises:
         ValueError: as :func:`softmax_attention`.
     """
-    queries, tokens, U, V = _check_prompt(queries, tokens, U, V)
+    tokens, queries, U, V = _check_prompt(tokens, queries, U, V)
     return _linear(queries, tokens, U, V)
 
 
-@jax.jit
+@C.finite_kernel(*_PROMPT)
 def _linear(queries, tokens, U, V):
     moment = tokens.T @ tokens / tokens.shape[0]
     return queries @ U.T @ moment @ V.T
@@ -280,7 +277,7 @@ def gates(mixture, queries, U):
         ValueError: as :func:`population_attention`.
     """
     mixture, queries, U, _ = _check_mixture(mixture, queries, U)
-    return _gates(mixture, queries @ U.T)
+    return _gates(mixture, queries, U)
 
 
 def _gate_logits(mixture, u):
@@ -288,8 +285,9 @@ def _gate_logits(mixture, u):
     return jnp.log(mixture.weights)[None, :] + u @ mixture.means.T + quad
 
 
-@jax.jit
-def _gates(mixture, u):
+@C.finite_kernel(None, "queries", "U")
+def _gates(mixture, queries, U):
+    u = queries @ U.T
     return jax.nn.softmax(_gate_logits(mixture, u), axis=-1)
 
 
@@ -329,7 +327,7 @@ def population_attention(mixture, queries, U, V):
     return _population(mixture, queries, U, V)
 
 
-@jax.jit
+@C.finite_kernel(*_POPULATION)
 def _population(mixture, queries, U, V):
     u = queries @ U.T
     alpha = jax.nn.softmax(_gate_logits(mixture, u), axis=-1)  # (n, M)
@@ -341,7 +339,7 @@ def population_linear_attention(mixture, queries, U, V):
     r"""Linear attention on the infinite prompt: :math:`T_{\mathrm{lin}}[\mu](z) = V\, \mathbb E[z' z'^\top]\, U z`.
 
     On a mixture, :math:`T_{\mathrm{lin}}[\mu] = \sum_k \pi_k T_{\mathrm{lin}}[\mu_k]`: the
-    components are weighed by :math:`\pi_k` whatever the query (Prop A.1 and NOTES §2).
+    components are weighed by :math:`\pi_k` whatever the query (Prop A.1).
 
     **Numerical limits.** Round-off only (a few :math:`\varepsilon` relative to
     :math:`\|V\|\,\|\mathbb E[z'z'^\top]\|\,\|U z\|`).
@@ -362,6 +360,6 @@ def population_linear_attention(mixture, queries, U, V):
     return _population_linear(mixture, queries, U, V)
 
 
-@jax.jit
+@C.finite_kernel(*_POPULATION)
 def _population_linear(mixture, queries, U, V):
     return queries @ U.T @ mixture.second_moment() @ V.T

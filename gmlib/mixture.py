@@ -14,16 +14,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
-from gmlib._pytree import validated_pytree
+from gmlib._pytree import unchecked, validated_pytree
 
 __all__ = ["GaussianMixture", "psd_sqrt"]
 
 
 def psd_sqrt(mats):
-    r"""A square-root factor :math:`R` with :math:`R R^\top = \Gamma` for PSD ``mats``.
+    r"""The symmetric square root :math:`R = \Gamma^{1/2}` (so :math:`R R^\top = \Gamma`) of PSD ``mats``.
 
     Works for singular matrices (negative round-off eigenvalues are clipped to 0),
     so that sampling from a degenerate Gaussian is exact on its support.
+    Differentiable to any order wherever :math:`\Gamma` is positive definite,
+    including at repeated eigenvalues (:math:`\Gamma = \sigma^2 I`): the derivative
+    :math:`\dot R` is the solution of the Sylvester equation
+    :math:`R \dot R + \dot R R = \dot\Gamma`, never the derivative of the eigenvectors.
 
     Args:
         mats: array (..., D, D), symmetric positive semi-definite.
@@ -40,20 +44,53 @@ def psd_sqrt(mats):
     (:math:`\varepsilon` the dtype's machine epsilon). Eigenvalues below about
     :math:`\varepsilon \|\Gamma\|` are not resolved: their square roots (of order
     :math:`\sqrt{\varepsilon \|\Gamma\|}`) are noise. The derivative of :math:`R` is
-    infinite where :math:`\Gamma` is singular (the square root of 0).
+    infinite where :math:`\Gamma` is singular (the square root of 0); there the part of
+    :math:`\dot R` within the null space of :math:`\Gamma` is returned as 0.
     """
-    mats = C.as_float_array(mats, "mats")
+    mats = C.array(mats, "mats")
     if mats.ndim < 2 or mats.shape[-1] != mats.shape[-2]:
         raise ValueError(f"`mats` must have shape (..., D, D) (square matrices); got {tuple(mats.shape)}")
-    C.check_finite(mats, "mats")
     C.check_psd(mats, "mats")
     return _psd_sqrt(mats)
 
 
+def _sym(a):
+    return jnp.swapaxes(a, -1, -2)
+
+
+@jax.custom_jvp
 def _psd_sqrt(mats):
     """:func:`psd_sqrt` without the checks (for traced and internal use)."""
     lam, q = jnp.linalg.eigh(mats)
-    return (q * jnp.sqrt(jnp.clip(lam, 0.0))[..., None, :]) @ jnp.swapaxes(q, -1, -2)
+    return (q * jnp.sqrt(jnp.clip(lam, 0.0))[..., None, :]) @ _sym(q)
+
+
+@_psd_sqrt.defjvp
+def _psd_sqrt_jvp(primals, tangents):
+    (mats,), (dmats,) = primals, tangents
+    root = _psd_sqrt(mats)
+    return root, _sylvester(root, 0.5 * (dmats + _sym(dmats)))
+
+
+def _sylvester(root, rhs):
+    r"""The :math:`X` with :math:`R X + X R = Y` for symmetric PSD :math:`R` (``root``), :math:`Y` = ``rhs``.
+
+    Solved in the eigenbasis of :math:`R`, :math:`X_{ij} = Y_{ij} / (s_i + s_j)`; entries
+    with :math:`s_i + s_j = 0` (the null space of a singular :math:`R`) are set to 0. As a
+    ``custom_linear_solve``, its derivatives (of any order, in :math:`R` and :math:`Y`) come
+    from the operator :math:`X \mapsto RX + XR` by implicit differentiation: no eigenvector
+    is ever differentiated.
+    """
+
+    def solve(_, y):
+        s, q = jnp.linalg.eigh(root)
+        s = jnp.clip(s, 0.0)
+        denom = s[..., :, None] + s[..., None, :]
+        ok = denom > 0
+        x = jnp.where(ok, (_sym(q) @ y @ q) / jnp.where(ok, denom, 1.0), 0.0)  # the double where
+        return q @ x @ _sym(q)
+
+    return jax.lax.custom_linear_solve(lambda x: root @ x + x @ root, rhs, solve, symmetric=True)
 
 
 @validated_pytree
@@ -92,20 +129,26 @@ class GaussianMixture:
 
     def __init__(self, weights, means, covs):
         dtype = C.common_float_dtype(weights, means, covs)
-        weights = C.as_float_array(weights, "weights", dtype)
-        means = C.as_float_array(means, "means", dtype)
-        covs = C.as_float_array(covs, "covs", dtype)
-        C.check_shape(weights, "weights", (None,), "(M,)")
-        m = weights.shape[0]
+        weights = C.array(weights, "weights", (None,), dtype=dtype, desc="(M,)", finite=False)
+        means = C.array(means, "means", (None, None), dtype=dtype, desc="(M, D)", finite=False)
+        covs = C.array(covs, "covs", (None, None, None), dtype=dtype, desc="(M, D, D)", finite=False)
+        (m,), (m_means, d), (m_covs, d_covs, d_covs2) = weights.shape, means.shape, covs.shape
         if m == 0:
             raise ValueError("`weights` must hold at least one component; got shape (0,)")
-        C.check_shape(means, "means", (m, None), f"(M, D) with M = {m}")
-        d = means.shape[1]
+        if d_covs != d_covs2:
+            raise ValueError(f"`covs` must hold square matrices, shape (M, D, D); got {tuple(covs.shape)}")
+        if len({m, m_means, m_covs}) > 1:  # name the argument that disagrees with the other two
+            name, want = (("weights", f"(M,) = ({m_means},)") if m_means == m_covs else
+                          ("means", f"(M, D) = ({m}, {d_covs})") if m == m_covs else
+                          ("covs", f"(M, D, D) = ({m}, {d}, {d})"))
+            got = {"weights": weights, "means": means, "covs": covs}[name].shape
+            raise ValueError(f"`{name}` must have shape {want} (M from the other two arguments); got {tuple(got)}")
+        if d != d_covs:  # covs is square, so its D is self-consistent: the means disagree
+            raise ValueError(f"`means` must have shape (M, D) = ({m}, {d_covs}) (D from `covs`); "
+                             f"got {tuple(means.shape)}")
         if d == 0:
             raise ValueError("`means` must have dimension D >= 1; got shape " + str(tuple(means.shape)))
-        C.check_shape(covs, "covs", (m, d, d), f"(M, D, D) = ({m}, {d}, {d})")
-        for a, name in ((weights, "weights"), (means, "means"), (covs, "covs")):
-            C.check_finite(a, name)
+        C.finite(weights=weights, means=means, covs=covs)
         C.check_weights(weights)
         C.check_psd(covs, "covs")
         object.__setattr__(self, "weights", weights)
@@ -122,15 +165,12 @@ class GaussianMixture:
             std: :math:`\sigma \ge 0`, a scalar or shape (M,) (one per component).
         """
         dtype = C.common_float_dtype(weights, means, std)
-        means = C.as_float_array(means, "means", dtype)
-        std = C.as_float_array(std, "std", dtype)
-        C.check_shape(means, "means", (None, None), "(M, D)")
-        if std.ndim > 1 or (std.ndim == 1 and means.ndim >= 1 and std.shape[0] != means.shape[0]):
+        means = C.array(means, "means", (None, None), dtype=dtype, desc="(M, D)")
+        std = C.array(std, "std", dtype=dtype)
+        if std.ndim > 1 or (std.ndim == 1 and std.shape[0] != means.shape[0]):
             raise ValueError(f"`std` must be a scalar or have shape (M,) = ({means.shape[0]},); got {tuple(std.shape)}")
-        C.check_finite(std, "std")
         if C.is_concrete(std) and bool(jnp.any(std < 0)):
             raise ValueError(f"`std` must be non-negative; got {std}")
-        C.check_shape(means, "means", (None, None), "(M, D)")
         m, d = means.shape
         var = jnp.broadcast_to(std**2, (m,))
         covs = var[:, None, None] * jnp.eye(d, dtype=dtype)
@@ -170,11 +210,9 @@ class GaussianMixture:
 
         Each component's covariance becomes :math:`\Gamma_k + \xi^2 I_D`.
         """
-        xi = C.as_float_array(xi, "xi", self.dtype)
-        C.check_shape(xi, "xi", (), "() (a scalar)")
-        C.check_finite(xi, "xi")
+        xi = C.array(xi, "xi", (), dtype=self.dtype, desc="() (a scalar)")
         noisy = self.covs + xi**2 * jnp.eye(self.dim, dtype=self.dtype)
-        return GaussianMixture.tree_unflatten(None, (self.weights, self.means, noisy))
+        return unchecked(GaussianMixture, self.weights, self.means, noisy)
 
     def sample(self, key, n: int):
         """Draw ``n`` i.i.d. points and their component labels.
@@ -186,7 +224,7 @@ class GaussianMixture:
         Returns:
             ``(points, labels)``: shapes (n, D) and (n,) (int32).
         """
-        n = C.check_positive_int(n, "n")
+        n = C.scalar(n, "n", low=0, integer=True)
         C.check_key(key, "key")
         return _sample(self, key, n)
 
@@ -201,9 +239,7 @@ class GaussianMixture:
         return -0.5 * (jnp.sum(sol**2, axis=-1) + logdet + self.dim * jnp.log(2 * jnp.pi))
 
     def _check_density_input(self, z):
-        z = C.as_float_array(z, "z", self.dtype)
-        C.check_shape(z, "z", (None, self.dim), f"(n, D) with D = {self.dim}")
-        C.check_finite(z, "z")
+        z = C.array(z, "z", (None, self.dim), dtype=self.dtype, desc=f"(n, D) with D = {self.dim}")
         if C.is_concrete(self.covs):
             lam = np.linalg.eigvalsh(np.asarray(self.covs, np.float64))
             # numerically singular (condition number beyond ~1 / (10 D eps)): the Cholesky

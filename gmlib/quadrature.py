@@ -47,8 +47,8 @@ def gauss_hermite(n_nodes: int, dim: int = 1, dtype=None):
         ValueError: naming ``n_nodes`` or ``dim`` when not a positive int (or above the
             limits below), ``dtype`` when not a floating dtype.
     """
-    n_nodes = C.check_positive_int(n_nodes, "n_nodes")
-    dim = C.check_positive_int(dim, "dim")
+    n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
+    dim = C.scalar(dim, "dim", low=0, integer=True)
     dtype = C.check_float_dtype(dtype, "dtype")
     if n_nodes > _MAX_NODES:
         raise ValueError(f"`n_nodes` must be at most {_MAX_NODES} (numpy's Gauss-Hermite weights overflow "
@@ -72,11 +72,10 @@ def _check_projection(mixture, projection):
         raise ValueError(f"`mixture` must be a GaussianMixture; got {type(mixture).__name__}")
     if projection is None:
         return jnp.eye(mixture.dim, dtype=mixture.dtype)
-    A = C.as_float_array(projection, "projection", mixture.dtype)
-    C.check_shape(A, "projection", (None, mixture.dim), f"(k, D) with D = {mixture.dim}")
+    A = C.array(projection, "projection", (None, mixture.dim), dtype=mixture.dtype,
+                desc=f"(k, D) with D = {mixture.dim}")
     if A.shape[0] == 0:
         raise ValueError(f"`projection` must have at least one row (k >= 1); got shape {tuple(A.shape)}")
-    C.check_finite(A, "projection")
     return A
 
 
@@ -97,10 +96,13 @@ def mixture_expectation(mixture, fn, projection=None, n_nodes: int = 20):
     Let :math:`\varphi` denote ``fn`` and :math:`A` denote ``projection`` (k, D);
     the formula is in the module docstring. Exact for polynomials of degree
     :math:`\le 2\,n_{\mathrm{nodes}}-1`, and spectrally accurate for smooth
-    :math:`\varphi`. Differentiable in the parameters ``fn`` closes over. The
-    square root of :math:`A\Gamma_k A^\top` is taken by an eigendecomposition, so
-    derivatives *with respect to* ``projection`` or the covariances are not smooth
-    where that matrix is singular (see PITFALLS: integrate over X itself there).
+    :math:`\varphi`. Differentiable in the parameters ``fn`` closes over, and in the
+    mixture and ``projection``: the square root of :math:`A\Gamma_k A^\top` is
+    :func:`~gmlib.psd_sqrt`, whose derivatives are exact wherever that matrix is positive
+    definite, repeated eigenvalues included (:math:`\Gamma_k = \sigma^2 I`). Where it is
+    singular (a rank-deficient ``projection``, a singular covariance) the derivative of
+    the square root is infinite and the result's derivatives are not reliable: integrate
+    over X itself there (``projection=None``) or use Stein's lemma.
 
     **Numerical limits.** Round-off is a few :math:`\varepsilon` relative; the error is
     otherwise the quadrature's truncation, of order 1e-6 with 20 nodes on a smooth
@@ -160,9 +162,7 @@ def monte_carlo_expectation(mixture, fn, key, n_samples: int, projection=None):
     A = _check_projection(mixture, projection)
     C.check_callable(fn, "fn")
     C.check_key(key, "key")
-    n_samples = C.check_positive_int(n_samples, "n_samples")
-    if n_samples < 2:
-        raise ValueError("`n_samples` must be at least 2 to estimate a standard error")
+    n_samples = C.scalar(n_samples, "n_samples", low=2, strict=False, integer=True)
     x, _ = mixture.sample(key, n_samples)
     values = _values(fn, x @ A.T, mixture.dtype)
     return values.mean(axis=0), values.std(axis=0, ddof=1) / jnp.sqrt(jnp.asarray(n_samples, values.dtype))

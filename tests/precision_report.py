@@ -6,7 +6,7 @@ prints the Markdown table of book/api.md ("Precision and numerical limits"). Eac
 fixed, seeded problem; the error is max |out - ref| / max |ref| over all outputs, where
 ``ref`` is an independent numpy float64 computation on the *same* (already rounded)
 inputs, so the number measures the kernel, not the rounding of the inputs. The bounds
-are what the book documents; tests/test_extremes.py::test_documented_precision_bounds
+are what the book documents; tests/test_attention.py::test_documented_precision_bounds
 re-measures and asserts every error is within its bound.
 """
 

@@ -258,10 +258,29 @@ def relabel(mix, perm):
     return GaussianMixture(mix.weights[perm], mix.means[perm], mix.covs[perm])
 
 
-def split(mix, k):
+def split_component(mix, k):
     """The same measure with component k split into two halves (a different parametrisation)."""
     w = np.asarray(mix.weights, np.float64)
     w = np.concatenate([w, [w[k] / 2]])
     w[k] /= 2
     return GaussianMixture(w.astype(mix.dtype), np.concatenate([mix.means, mix.means[k:k + 1]]),
                            np.concatenate([mix.covs, mix.covs[k:k + 1]]))
+
+
+# ============================================================================ fixed examples
+
+
+def unequal_mixture(seed: int = 0):
+    """Three components in 3-D with unequal, full covariances."""
+    a = np.random.default_rng(seed).normal(size=(3, 3, 3))
+    covs = 0.15 * a @ np.swapaxes(a, -1, -2) + 0.05 * np.eye(3)
+    means = np.array([[1.0, 0.0, 0.5], [-1.0, 1.0, 0.0], [0.0, -1.0, -0.5]])
+    return GaussianMixture([0.2, 0.5, 0.3], means, covs)
+
+
+def singular_mixture():
+    """Two components in 3-D whose last coordinate carries no noise (like LDA tokens)."""
+    covs = np.zeros((2, 3, 3))
+    covs[:, :2, :2] = [[[0.5, 0.1], [0.1, 0.3]], [[0.2, 0.0], [0.0, 0.6]]]
+    means = np.array([[1.0, 0.5, 1.0], [-0.5, 0.0, -1.0]])
+    return GaussianMixture([0.6, 0.4], means, covs)

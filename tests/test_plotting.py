@@ -1,0 +1,81 @@
+"""gmlib.plotting: the log-log fit against exact power laws, its bad input, and glue."""
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from strategies import SETTINGS, floats, nonfinite
+
+from gmlib import plotting
+from gmlib.plotting import glue, loglog_slope
+
+
+@SETTINGS
+@given(p=floats(-3.0, 3.0), logc=floats(-5.0, 5.0),
+       x=hnp.arrays(np.float64, st.integers(2, 12), elements=floats(1e-3, 1e3), unique=True))
+def test_loglog_slope_recovers_power_laws(p, logc, x):
+    """y = c x^p gives (p, log c)."""
+    assume(np.ptp(np.log(x)) > 1e-3)
+    slope, intercept = loglog_slope(x, np.exp(logc) * x**p)
+    np.testing.assert_allclose([slope, intercept], [p, logc], atol=1e-6 * (1 + abs(p)) / min(1, np.ptp(np.log(x))))
+
+
+@SETTINGS
+@given(p=floats(-3.0, 3.0), x=hnp.arrays(np.float64, st.integers(2, 12), elements=floats(1e-3, 1e3), unique=True),
+       lam=floats(0.1, 10.0))
+def test_loglog_slope_rescaling_shifts_the_intercept(p, x, lam):
+    """Rescaling x by λ shifts the intercept by -p log λ."""
+    assume(np.ptp(np.log(x)) > 1e-3)
+    slope, intercept = loglog_slope(x, x**p)
+    _, intercept2 = loglog_slope(lam * x, x**p)
+    np.testing.assert_allclose(intercept2, intercept - slope * np.log(lam),
+                               atol=1e-5 * (1 + abs(p)) / min(1, np.ptp(np.log(x))))
+
+
+@SETTINGS
+@given(x=hnp.arrays(np.float64, st.integers(2, 6), elements=floats(0.1, 10.0), unique=True), data=st.data())
+def test_loglog_slope_rejects_invalid(x, data):
+    y = x**2
+    how = data.draw(st.sampled_from(["nonpositive", "nonfinite", "mismatch", "rank", "short"]))
+    if how == "nonpositive":
+        bad = x.copy()
+        bad[data.draw(st.integers(0, x.size - 1))] = data.draw(st.sampled_from([0.0, -1.0]))
+    elif how == "nonfinite":
+        bad = nonfinite(x, data.draw)
+    elif how == "mismatch":
+        bad = np.concatenate([x, x[:1] * 2])
+    elif how == "rank":
+        bad = x[None]
+    else:
+        bad = x[:1]
+    other = {"rank": y[None], "short": y[:1], "mismatch": y}.get(how, y)
+    args = (bad, other) if data.draw(st.booleans()) else (other, bad)
+    with pytest.raises(ValueError, match="`x`|`y`"):
+        loglog_slope(*args)
+
+
+@pytest.mark.parametrize("x, y", [
+    ([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]),  # identical x: LinAlgError / a meaningless slope
+    ([1j, 2j], [1.0, 2.0]),  # complex: TypeError
+    (["a", "b"], [1.0, 2.0]),  # strings: numpy's message, naming nothing
+    ([1e200, 1e201], [1e200, 1e201]),  # finite but x * y overflows: wrongly refused
+], ids=["identical-x", "complex", "strings", "overflowing-product"])
+def test_loglog_slope_edge_cases(x, y):
+    try:
+        slope, _ = loglog_slope(x, y)
+    except ValueError as exc:
+        assert "`x`" in str(exc) and "could not convert" not in str(exc) and "positive and finite" not in str(exc)
+        return
+    assert np.isfinite(slope) and abs(slope - 1) < 1e-9
+
+
+def test_glue_returns_its_value_outside_a_notebook():
+    value = np.float64(0.25)
+    assert glue("x", value) is value
+
+
+def test_style_is_a_plain_dict_of_rc_settings():
+    import matplotlib
+
+    assert set(plotting.STYLE) <= set(matplotlib.rcParams) and len(plotting.PALETTE) == 8
