@@ -969,7 +969,7 @@ def _skip_head(p, constant: bool):
 
 
 def multi_head_attention(prompt, queries, heads, *, block_size=None):
-    r"""The sum of softmax heads, :math:`\sum_h T_{U_h, V_h}[\mu](z)` (multi-head attention, NOTES §0).
+    r"""The sum of softmax heads, :math:`\sum_h T_{U_h, V_h}[\mu](z)` (multi-head attention: the heads add up).
 
     Args:
         prompt: a :class:`~gmlib.GaussianMixture` (the infinite prompt, through
