@@ -4,11 +4,13 @@ Usage (``make bench`` runs the first line)::
 
     python benchmarks/run.py                       # everything
     python benchmarks/run.py --quick               # small sizes: a smoke test in about a minute
-    python benchmarks/run.py --only attention,lda  # some sections (attention, lda, denoise, book)
+    python benchmarks/run.py --only attention,lda  # some sections (api, attention, lda, denoise, book)
     python benchmarks/run.py --markdown book/benchmarks.md  # also refresh the book's appendix page
     python benchmarks/run.py --only book --make-test               # also time a fresh `make test`
 
-Sections: (1) finite softmax attention against numpy and gmlib's unblocked path,
+Sections: (0) the weight of validation: its share of gmlib's statements and the overhead of
+a small public call against the same call inside ``jax.jit``; (1) finite softmax attention
+against numpy and gmlib's unblocked path,
 time and memory; (2) the LDA risk by quadrature, accuracy and throughput, against
 Monte Carlo; (3) the denoising excess risk by quadrature; (4) the book's notebooks;
 (5) on a GPU or TPU, the attention throughput as a fraction of the device's peaks and
@@ -27,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SECTIONS = ("attention", "lda", "denoise", "book")
+SECTIONS = ("api", "attention", "lda", "denoise", "book")
 
 
 START, END = "% benchmarks:start", "% benchmarks:end"
@@ -77,7 +79,10 @@ def main(argv=None) -> int:
     for name in only:
         log(f"[{name}]")
         t0 = time.perf_counter()
-        if name == "attention":
+        if name == "api":
+            import bench_api as mod
+            t, g = mod.run(args.quick, log)
+        elif name == "attention":
             import bench_attention as mod
             t, g = mod.run(args.quick, log)
         elif name == "lda":

@@ -45,22 +45,21 @@ def common_float_dtype(*arrays):
     """
     best = None
     for a in arrays:
-        if hasattr(a, "dtype"):
-            dt = a.dtype
-        else:
+        dt = getattr(a, "dtype", None)
+        if dt is None:
             try:
                 dt = np.asarray(a).dtype
-            except Exception:  # ragged or non-numeric: as_float_array reports it
+            except Exception:  # ragged or non-numeric: array() reports it
                 continue
             if dt == np.float64:  # Python floats are weak: they follow the other arguments
                 continue
-        if jnp.issubdtype(dt, jnp.floating) and np.dtype(dt).itemsize <= 8:  # float128: as_float_array reports it
-            dt = jax.dtypes.canonicalize_dtype(dt)
-            if best is None or jnp.finfo(dt).bits > jnp.finfo(best).bits:
-                best = dt
-    if best is None:
-        best = jax.dtypes.canonicalize_dtype(jnp.float64)
-    return best
+        try:
+            dt = np.dtype(dt)
+        except TypeError:  # e.g. a typed PRNG key: not floating
+            continue
+        if _is_float(dt) and dt.itemsize <= 8 and (best is None or dt.itemsize > best.itemsize):
+            best = dt  # float128 is not: array() reports it
+    return jax.dtypes.canonicalize_dtype(jnp.float64 if best is None else best)
 
 
 def as_float_array(x, name: str, dtype=None):
@@ -98,13 +97,17 @@ def _describe(shape) -> str:
     return "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
 
 
+def _is_float(dt) -> bool:
+    """Whether numpy dtype ``dt`` is floating (numpy's kinds, and ml_dtypes' bfloat16 and friends)."""
+    return dt.kind == "f" or (dt.kind == "V" and jnp.issubdtype(dt, jnp.floating))
+
+
 def _real_dtype(dt, name: str) -> None:
     """Raise unless ``dt`` is a real numeric dtype JAX supports."""
     dt = np.dtype(dt)
-    if dt == object or not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)
-                            or np.issubdtype(dt, np.bool_) or str(dt) == "bfloat16"):
+    if not (dt.kind in "biu" or _is_float(dt)):
         raise ValueError(f"`{name}` must be a real numeric array; got dtype {dt}")
-    if np.issubdtype(dt, np.floating) and dt.itemsize > 8:  # float128: JAX has none
+    if dt.kind == "f" and dt.itemsize > 8:  # float128: JAX has none
         raise ValueError(f"`{name}` has dtype {dt}, which JAX does not support; convert it to float64 or float32")
 
 
@@ -136,7 +139,8 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
     """
     traced = isinstance(x, jax.core.Tracer)
     if isinstance(x, jax.Array):  # a JAX array or a tracer: no copy to the host
-        _real_dtype(x.dtype, name)
+        if x.dtype.kind != "f":
+            _real_dtype(x.dtype, name)
     else:
         try:
             host = np.asarray(x)
@@ -150,12 +154,15 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
             raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
         finite = False
         x = jnp.asarray(host)
-    target = _float(x.dtype, dtype)
-    if x.dtype != target:
-        finite = finite and jnp.issubdtype(x.dtype, jnp.inexact)
+    dt = x.dtype
+    target = dtype if dtype is not None else _float(dt, None)
+    if dt != target:
+        finite = finite and jnp.issubdtype(dt, jnp.inexact)
         x = x.astype(target)
-    if shape is not None and (x.ndim != len(shape) or any(s is not None and s != t for s, t in zip(shape, x.shape))):
-        raise ValueError(f"`{name}` must have shape {desc or _describe(shape)}; got {tuple(x.shape)}")
+    if shape is not None:
+        got = x.shape
+        if len(got) != len(shape) or any(s is not None and s != t for s, t in zip(shape, got)):
+            raise ValueError(f"`{name}` must have shape {desc or _describe(shape)}; got {tuple(got)}")
     if finite and not traced:
         with jax.ensure_compile_time_eval():  # a concrete array met while tracing a jit: still check it now
             ok = bool(_all_finite(x))
@@ -197,38 +204,42 @@ def finite(**arrays) -> None:
 
 
 def finite_kernel(*names, static_argnums=()):
-    """Decorator: ``jax.jit`` a kernel that also checks the finiteness of its array arguments.
+    """Decorator: ``jax.jit`` a kernel whose non-finite inputs are reported by name, at almost no cost.
 
     ``names`` gives the argument name of each positional argument, ``None`` for those not
-    checked (pytrees, static values). The compiled kernel returns its result and one
-    flag per named argument, computed in the same device call: a public function pays
-    no extra dispatch for its finiteness checks. Called with concrete arguments, the
-    wrapper reads the flags (which waits for the result) and raises a ``ValueError``
-    naming the first non-finite argument; under an outer ``jit`` (tracers) nothing is
-    checked.
+    checked (pytrees, static values). Called with concrete arguments, the wrapper looks at
+    the result: on a CPU, where it already is in host memory; on an accelerator, through
+    one flag that the compiled kernel returns with it (so the result is not copied back).
+    Either way this waits for the result. Only when the result is not finite are the named arguments checked (one fused reduction), and a
+    ``ValueError`` names the first non-finite one. A NaN or an infinity in an input
+    propagates to the result of every gmlib kernel, so none passes unreported; a result
+    that overflows from finite inputs is returned as it is (the documented limits).
+    Under an outer ``jit`` (tracers) nothing is checked.
     """
     checked = [i for i, n in enumerate(names) if n is not None]
 
     def decorate(fn):
         def both(*args):
-            flags = jnp.stack([_finite_all(args[i]) for i in checked])
-            return fn(*args), flags
+            out = fn(*args)
+            return out, jnp.isfinite(out).all()  # the result is small: its mask costs little
 
-        jitted = jax.jit(both, static_argnums=static_argnums)
+        plain, flagged = jax.jit(fn, static_argnums=static_argnums), jax.jit(both, static_argnums=static_argnums)
 
         @functools.wraps(fn)
         def call(*args):
-            out, flags = jitted(*args)
-            if not isinstance(flags, jax.core.Tracer):
-                flags = np.asarray(flags)
-                if not flags.all():
-                    raise ValueError(f"`{names[checked[int(np.argmin(flags))]]}` must be finite; "
-                                     "got NaN or infinite entries")
+            if jax.default_backend() == "cpu":  # the result is already in host memory: look at it there
+                out = plain(*args)
+                ok = isinstance(out, jax.core.Tracer) or np.isfinite(np.asarray(out)).all()
+            else:  # an accelerator: one flag comes back, not the result
+                out, ok = flagged(*args)
+                ok = isinstance(ok, jax.core.Tracer) or bool(ok)
+            if not ok:
+                finite(**{names[i]: args[i] for i in checked})
             return out
 
-        call.lower = jitted.lower  # the compiled kernel (returns the flags too), for inspection
-        if hasattr(jitted, "_cache_size"):
-            call._cache_size = jitted._cache_size
+        call.lower = plain.lower  # the compiled kernel, for inspection
+        if hasattr(plain, "_cache_size"):
+            call._cache_size = lambda: plain._cache_size() + flagged._cache_size()
         return call
 
     return decorate
@@ -238,7 +249,7 @@ def _float(dt, dtype):
     """The floating dtype an array of dtype ``dt`` becomes (``dtype`` when given)."""
     if dtype is not None:
         return dtype
-    if jnp.issubdtype(dt, jnp.floating):
+    if _is_float(np.dtype(dt)):
         return dt
     return jax.dtypes.canonicalize_dtype(jnp.float64)
 
@@ -337,10 +348,12 @@ def check_weights(weights, name: str = "weights") -> None:
 
 
 def check_psd(mats, name: str) -> None:
-    """Raise unless concrete ``mats`` (..., D, D) are symmetric positive semi-definite.
+    """Raise unless ``mats`` are square matrices (..., D, D), and on concrete values symmetric PSD.
 
     Tolerances are relative to the largest entry, in the matrices' precision.
     """
+    if mats.ndim < 2 or mats.shape[-1] != mats.shape[-2] or mats.shape[-1] == 0:
+        raise ValueError(f"`{name}` must hold square matrices, shape (..., D, D) with D >= 1; got {tuple(mats.shape)}")
     if not is_concrete(mats):
         return
     a = np.asarray(mats, dtype=np.float64)

@@ -48,8 +48,6 @@ def psd_sqrt(mats):
     :math:`\dot R` within the null space of :math:`\Gamma` is returned as 0.
     """
     mats = C.array(mats, "mats")
-    if mats.ndim < 2 or mats.shape[-1] != mats.shape[-2]:
-        raise ValueError(f"`mats` must have shape (..., D, D) (square matrices); got {tuple(mats.shape)}")
     C.check_psd(mats, "mats")
     return _psd_sqrt(mats)
 
@@ -129,28 +127,13 @@ class GaussianMixture:
 
     def __init__(self, weights, means, covs):
         dtype = C.common_float_dtype(weights, means, covs)
-        weights = C.array(weights, "weights", (None,), dtype=dtype, desc="(M,)", finite=False)
-        means = C.array(means, "means", (None, None), dtype=dtype, desc="(M, D)", finite=False)
-        covs = C.array(covs, "covs", (None, None, None), dtype=dtype, desc="(M, D, D)", finite=False)
-        (m,), (m_means, d), (m_covs, d_covs, d_covs2) = weights.shape, means.shape, covs.shape
-        if m == 0:
-            raise ValueError("`weights` must hold at least one component; got shape (0,)")
-        if d_covs != d_covs2:
-            raise ValueError(f"`covs` must hold square matrices, shape (M, D, D); got {tuple(covs.shape)}")
-        if len({m, m_means, m_covs}) > 1:  # name the argument that disagrees with the other two
-            name, want = (("weights", f"(M,) = ({m_means},)") if m_means == m_covs else
-                          ("means", f"(M, D) = ({m}, {d_covs})") if m == m_covs else
-                          ("covs", f"(M, D, D) = ({m}, {d}, {d})"))
-            got = {"weights": weights, "means": means, "covs": covs}[name].shape
-            raise ValueError(f"`{name}` must have shape {want} (M from the other two arguments); got {tuple(got)}")
-        if d != d_covs:  # covs is square, so its D is self-consistent: the means disagree
-            raise ValueError(f"`means` must have shape (M, D) = ({m}, {d_covs}) (D from `covs`); "
-                             f"got {tuple(means.shape)}")
-        if d == 0:
-            raise ValueError("`means` must have dimension D >= 1; got shape " + str(tuple(means.shape)))
-        C.finite(weights=weights, means=means, covs=covs)
+        weights = C.array(weights, "weights", (None,), dtype=dtype, desc="(M,)")
+        m = weights.shape[0]
+        covs = C.array(covs, "covs", (m, None, None), dtype=dtype, desc=f"(M, D, D) with M = {m}")
+        C.check_psd(covs, "covs")  # square: its D is the one the means must have
+        d = covs.shape[-1]
+        means = C.array(means, "means", (m, d), dtype=dtype, desc=f"(M, D) = ({m}, {d}) (D from `covs`)")
         C.check_weights(weights)
-        C.check_psd(covs, "covs")
         object.__setattr__(self, "weights", weights)
         object.__setattr__(self, "means", means)
         object.__setattr__(self, "covs", covs)

@@ -34,16 +34,12 @@ STYLE = {
 
 def _positive_1d(a, name: str):
     try:
-        arr = np.asarray(a)
-    except Exception:  # ragged lists and the like
-        raise ValueError(f"`{name}` must be a 1-D array of positive numbers; got {type(a).__name__}") from None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise ValueError(f"`{name}` must hold real numbers; got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
-    if arr.ndim != 1 or arr.size < 2:
-        raise ValueError(f"`{name}` must be 1-D with at least two points; got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"`{name}` must be positive and finite for a log-log fit")
+        arr = np.asarray(a, dtype=np.float64)
+    except (TypeError, ValueError):  # complex, strings, ragged lists
+        raise ValueError(f"`{name}` must be a 1-D array of real numbers; got {type(a).__name__}") from None
+    if arr.ndim != 1 or arr.size < 2 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"`{name}` must be 1-D, with at least two entries, all positive and finite (a log-log "
+                         f"fit); got shape {arr.shape}")
     return arr
 
 

@@ -47,12 +47,9 @@ def gauss_hermite(n_nodes: int, dim: int = 1, dtype=None):
         ValueError: naming ``n_nodes`` or ``dim`` when not a positive int (or above the
             limits below), ``dtype`` when not a floating dtype.
     """
-    n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
+    n_nodes = C.scalar(n_nodes, "n_nodes", low=1, high=_MAX_NODES, strict=False, integer=True)
     dim = C.scalar(dim, "dim", low=0, integer=True)
     dtype = C.check_float_dtype(dtype, "dtype")
-    if n_nodes > _MAX_NODES:
-        raise ValueError(f"`n_nodes` must be at most {_MAX_NODES} (numpy's Gauss-Hermite weights overflow "
-                         f"beyond about 370 nodes); got {n_nodes}")
     if n_nodes**dim > 10**7:
         raise ValueError(f"`n_nodes` ** `dim` = {n_nodes}**{dim} points is too many (at most 1e7)")
     x, w = np.polynomial.hermite_e.hermegauss(n_nodes)
@@ -63,7 +60,8 @@ def gauss_hermite(n_nodes: int, dim: int = 1, dtype=None):
     return jnp.asarray(nodes, dtype), jnp.asarray(weights, dtype)
 
 
-#: The largest ``n_nodes`` :func:`gauss_hermite` accepts (numpy's rule is finite and accurate up to it).
+#: The largest ``n_nodes`` :func:`gauss_hermite` accepts (numpy's rule is finite and accurate up to it;
+#: its weights overflow beyond about 370 nodes).
 _MAX_NODES = 256
 
 
