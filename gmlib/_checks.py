@@ -26,7 +26,6 @@ __all__ = [
     "check_shape",
     "check_weights",
     "check_psd",
-    "check_positive_int",
     "check_key",
     "check_callable",
     "check_float_dtype",
@@ -368,13 +367,6 @@ def check_psd(mats, name: str) -> None:
             f"`{name}` must be positive semi-definite; entry {k.tolist()} has eigenvalue "
             f"{np.atleast_1d(low)[k[0]]:.3g}"
         )
-
-
-def check_positive_int(value, name: str) -> int:
-    """Return ``value`` as an int, raising unless it is a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
-    return int(value)
 
 
 def check_key(key, name: str = "key") -> None:

@@ -570,3 +570,27 @@ def test_documented_precision_bounds():
         assert e32 <= b32, f"{kernel} ({setting}): float32 error {e32:.2e} above the documented {b32:.0e}"
         assert f"| {setting} |" in api and f"{b64:.0e} / {b32:.0e}" in api, \
             f"book/api.md does not document {kernel} ({setting}): run tests/precision_report.py"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_non_finite_inputs_are_named_on_either_path(backend, monkeypatch):
+    """The result is checked in host memory on a CPU and by a flag from the kernel elsewhere: both name the input."""
+    import gmlib._checks as checks
+
+    monkeypatch.setattr(checks.jax, "default_backend", lambda: backend)
+    toks, q = RNG.normal(size=(40, 2)), RNG.normal(size=(3, 2))
+    U, V = np.eye(2), np.eye(2)
+    np.testing.assert_allclose(softmax_attention(toks, q, U, V), numpy_softmax_attention(q, toks, U, V), rtol=1e-12)
+    for name, bad in (("tokens", toks), ("queries", q), ("U", U), ("V", V)):
+        args = dict(tokens=toks, queries=q, U=U, V=V)
+        args[name] = np.where(np.arange(bad.size).reshape(bad.shape) == 1, np.inf, bad)
+        assert_rejects(lambda: softmax_attention(**args), name)
+        assert_rejects(lambda: linear_attention(**args), name)
+
+
+def test_overflowing_scores_from_finite_inputs_are_returned_as_they_are():
+    """float32 scores of 1e40 overflow (the documented limit): no input is blamed, the NaN comes back."""
+    toks = np.array([[1e20, 0.0], [-1e20, 0.0]], np.float32)
+    out = softmax_attention(toks, np.array([[1e20, 0.0]], np.float32), np.eye(2, dtype=np.float32),
+                            np.eye(2, dtype=np.float32))
+    assert not np.all(np.isfinite(np.asarray(out)))
