@@ -48,7 +48,7 @@ import numpy as np
 from gmlib import _checks as C
 from gmlib._pytree import validated_pytree
 from gmlib.attention import population_attention, softmax_attention
-from gmlib.mixture import GaussianMixture
+from gmlib.mixture import GaussianMixture, psd_sqrt
 from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
 
 __all__ = [
@@ -86,10 +86,7 @@ def _dtype_of(*args):
 
 
 def _scalar(x, name, dtype):
-    x = C.as_float_array(x, name, dtype)
-    C.check_shape(x, name, (), "() (a scalar)")
-    C.check_finite(x, name)
-    return x
+    return C.array(x, name, (), dtype=dtype, desc="() (a scalar)")
 
 
 def _tol(dtype):
@@ -379,15 +376,17 @@ class DenoisingProblem:
         r"""The Bayes risk :math:`\mathcal R(f^\star) = \mathbb E\,\|X - f^\star(Z)\|^2`, a scalar.
 
         The posterior covariance of :math:`X` given :math:`Z` is the within-component
-        part :math:`\gamma^2 a I_d` plus the spread of the component means, so
+        part :math:`\Gamma - \Gamma S^{-1}\Gamma = \xi^2 \Gamma S^{-1}` plus the spread of
+        the experts' means :math:`e_k = \xi^2 S^{-1} m_k`, so
 
         .. math::
 
-            \mathcal R(f^\star) = d\,\frac{\gamma^2 \xi^2}{s} + a^2\,
-            \mathbb E\Big[\sum_k \beta_k(Z) \|m_k\|^2 - \Big\|\sum_k \beta_k(Z) m_k\Big\|^2\Big].
+            \mathcal R(f^\star) = \xi^2 \operatorname{tr}(\Gamma S^{-1}) +
+            \mathbb E\Big[\sum_k \beta_k(Z) \|e_k\|^2 - \Big\|\sum_k \beta_k(Z) e_k\Big\|^2\Big]
 
+        (:math:`d\gamma^2\xi^2/s + a^2\,\mathbb E[\dots m_k \dots]` when :math:`\Gamma = \gamma^2 I_d`).
         The posterior weights depend on :math:`Z` only through the M − 1 projections
-        :math:`(m_k - m_M)^\top Z`, so the expectation is an integral of dimension M − 1
+        :math:`(S^{-1}(m_k - m_M))^\top Z`, so the expectation is an integral of dimension M − 1
         in each component, whatever d (nothing to integrate for M = 1). For M = 2 it is
         a trapezoid rule with ``n_nodes`` (default 4001) points on [−12, 12] standard
         deviations, accurate to about 1e-13 for gate slopes
@@ -402,24 +401,21 @@ class DenoisingProblem:
         Raises:
             ValueError: for M > 4.
         """
-        m, d = self.n_components, self.dim
+        m = self.n_components
+        k = m - 1
         if n_nodes is not None:
-            n_nodes = C.check_positive_int(n_nodes, "n_nodes")
-        within = d * self.gamma**2 * self.xi**2 / self.s
-        if m == 1:
-            return within
+            n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
         if m > 4:
             raise ValueError(f"`bayes_risk` integrates over M - 1 <= 3 projections; got M = {m} components")
-        k = m - 1
+        if k == 0:
+            return _within_variance(self)  # one component: nothing to integrate
         if k == 1:
-            n_nodes = 4001 if n_nodes is None else C.check_positive_int(n_nodes, "n_nodes")
-            x = np.linspace(-12.0, 12.0, n_nodes)
+            x = np.linspace(-12.0, 12.0, 4001 if n_nodes is None else n_nodes)
             w = np.exp(-0.5 * x**2)
             nodes, w = jnp.asarray(x[:, None], self.dtype), jnp.asarray(w / w.sum(), self.dtype)
         else:
-            n_nodes = {2: 64, 3: 28}[k] if n_nodes is None else C.check_positive_int(n_nodes, "n_nodes")
-            nodes, w = gauss_hermite(n_nodes, k, self.dtype)
-        return within + (self.xi**2 / self.s) ** 2 * _between_variance(self, nodes, w)
+            nodes, w = gauss_hermite({2: 64, 3: 28}[k] if n_nodes is None else n_nodes, k, self.dtype)
+        return _bayes_risk(self, nodes, w)
 
 
 def _precision_means(prob):
@@ -462,22 +458,26 @@ def _squared_error(prob, f):
 
 
 @jax.jit
-def _between_variance(prob, nodes, w):
-    # logits differences l_k - l_M depend on t_k = (m_k - m_M)^T z; under component j,
-    # t ~ N(D m_j, s D D^T) with D the (M-1, d) matrix of differences.
-    diffs = prob.means[:-1] - prob.means[-1]  # (k, d)
-    chol_cov = prob.s * diffs @ diffs.T
-    lam, q = jnp.linalg.eigh(chol_cov)
-    root = (q * jnp.sqrt(jnp.clip(lam, 0.0))[None, :]) @ q.T  # (k, k)
-    centers = prob.means @ diffs.T  # (M, k)
-    t = centers[:, None, :] + nodes @ root.T  # (M, N, k)
-    norms = jnp.sum(prob.means**2, axis=-1)
-    const = jnp.log(prob.weights[:-1]) - jnp.log(prob.weights[-1]) - 0.5 * (norms[:-1] - norms[-1]) / prob.s
-    logits = jnp.concatenate([t / prob.s + const, jnp.zeros(t.shape[:-1] + (1,), t.dtype)], axis=-1)
+def _within_variance(prob):
+    # tr(Gamma - Gamma S^-1 Gamma) = xi^2 tr(S^-1 Gamma)
+    return prob.xi**2 * jnp.trace(jnp.linalg.solve(prob.S, prob.covariance))
+
+
+@jax.jit
+def _bayes_risk(prob, nodes, w):
+    # the logit differences l_k - l_M depend on t = D z, D the (M-1, d) rows (S^-1 (m_k - m_M))^T;
+    # under component j, t ~ N(D m_j, D S D^T)
+    pm = _precision_means(prob)  # rows (S^-1 m_k)^T
+    diffs = pm[:-1] - pm[-1]  # (k, d)
+    root = psd_sqrt(diffs @ prob.S @ diffs.T)  # (k, k)
+    t = (prob.means @ diffs.T)[:, None, :] + nodes @ root.T  # (M, N, k)
+    h = jnp.sum(pm * prob.means, axis=-1)
+    const = jnp.log(prob.weights[:-1]) - jnp.log(prob.weights[-1]) - 0.5 * (h[:-1] - h[-1])
+    logits = jnp.concatenate([t + const, jnp.zeros(t.shape[:-1] + (1,), t.dtype)], axis=-1)
     beta = jax.nn.softmax(logits, axis=-1)  # (M, N, M)
-    bary = beta @ prob.means  # (M, N, d)
-    spread = beta @ norms - jnp.sum(bary**2, axis=-1)  # (M, N)
-    return prob.weights @ (spread @ w)
+    experts = prob.xi**2 * pm  # e_k = xi^2 S^-1 m_k
+    spread = beta @ jnp.sum(experts**2, axis=-1) - jnp.sum((beta @ experts) ** 2, axis=-1)  # (M, N)
+    return _within_variance(prob) + prob.weights @ (spread @ w)
 
 
 # ----------------------------------------------------------------------------- constructions
@@ -994,11 +994,9 @@ def _check_prompt(prompt) -> int:
     """The token dimension D of a prompt (a GaussianMixture or tokens (L, D)), after validating it."""
     if isinstance(prompt, GaussianMixture):
         return prompt.dim
-    tokens = C.as_float_array(prompt, "prompt")
-    C.check_shape(tokens, "prompt", (None, None), "(L, D) (tokens), or a GaussianMixture")
+    tokens = C.array(prompt, "prompt", (None, None), desc="(L, D) (tokens), or a GaussianMixture")
     if tokens.shape[0] == 0:
         raise ValueError(f"`prompt` must hold at least one token; got shape {tuple(tokens.shape)}")
-    C.check_finite(tokens, "prompt")
     return tokens.shape[1]
 
 
@@ -1014,10 +1012,8 @@ def _check_heads(heads, dim: int):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise ValueError(f"`heads` must hold (U, V) pairs; entry {h} is {type(pair).__name__}")
         try:
-            for name, val, shape in (("U", pair[0], (dim, dim)), ("V", pair[1], (None, dim))):
-                val = C.as_float_array(val, name)
-                C.check_shape(val, name, shape, f"{'(D, D)' if name == 'U' else '(D_out, D)'} with D = {dim}")
-                C.check_finite(val, name)
+            C.array(pair[0], "U", (dim, dim), desc=f"(D, D) with D = {dim}")
+            C.array(pair[1], "V", (None, dim), desc=f"(D_out, D) with D = {dim}")
         except ValueError as exc:
             raise ValueError(f"`heads` entry {h}: {exc}") from None
     return heads
@@ -1298,11 +1294,9 @@ def iterate(f: Callable, z0, n_steps: int):
     Returns:
         array of shape ``(n_steps + 1,) + z0.shape``: the whole trajectory, ``z0`` first.
     """
-    n_steps = C.check_positive_int(n_steps, "n_steps")
+    n_steps = C.scalar(n_steps, "n_steps", low=0, integer=True)
     C.check_callable(f, "f")
-    C.as_float_array(z0, "z0")  # a real numeric array (raises otherwise); z0 keeps its own dtype
-    C.check_finite(z0, "z0")
-    z0 = jnp.asarray(z0)
+    z0 = C.array(z0, "z0")
     try:
         out = jax.eval_shape(f, z0)
     except ValueError:
