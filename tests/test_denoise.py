@@ -15,11 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import special, stats
-
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from scipy import special, stats
 from strategies import (
     DTYPES,
     SETTINGS,
