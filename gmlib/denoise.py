@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
-from gmlib._pytree import validated_pytree
+from gmlib._pytree import unchecked, validated_pytree
 from gmlib.attention import population_attention, softmax_attention
 from gmlib.mixture import GaussianMixture, psd_sqrt
 from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
@@ -236,7 +236,7 @@ class DenoisingProblem:
 
     def _mixture(self, cov) -> GaussianMixture:
         covs = jnp.broadcast_to(cov, (self.n_components, self.dim, self.dim))
-        return GaussianMixture.tree_unflatten(None, (self.weights, self.means, covs))
+        return unchecked(GaussianMixture, self.weights, self.means, covs)
 
     @property
     def clean(self) -> GaussianMixture:
@@ -737,7 +737,7 @@ def augment(prompt):
         m, d = prompt.n_components, prompt.dim
         means = jnp.concatenate([prompt.means, jnp.ones((m, 1), prompt.dtype)], axis=1)
         covs = jnp.zeros((m, d + 1, d + 1), prompt.dtype).at[:, :d, :d].set(prompt.covs)
-        return GaussianMixture.tree_unflatten(None, (prompt.weights, means, covs))
+        return unchecked(GaussianMixture, prompt.weights, means, covs)
     x = C.array(prompt, "prompt")
     if x.ndim == 0:
         raise ValueError("`prompt` must be an array (..., d) or a GaussianMixture; got a scalar")
