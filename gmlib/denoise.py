@@ -26,7 +26,8 @@ What lives here:
 - :func:`linear_optimum`, :func:`linear_gap`: the best linear denoiser (the best any
   network of linear-attention layers can do) and its excess risk (Prop C.6);
   :func:`affine_optimum`, :func:`affine_gap`: the same with an intercept;
-- :func:`in_context_params`, :func:`in_context_denoise`: Prop 4.4;
+- :func:`in_context_params`, :func:`in_context_denoise`: Prop 4.4 and its tempered
+  family; :func:`estimate_task`: the plug-in in-context denoiser (EM on the prompt);
 - :func:`iterate`, :func:`separation`, :func:`tanh_fixed_point`: the iterated
   denoiser of Prop 4.3.
 
@@ -67,6 +68,7 @@ __all__ = [
     "InContextParams",
     "in_context_params",
     "in_context_denoise",
+    "estimate_task",
     "iterate",
     "separation",
     "tanh_fixed_point",
@@ -1222,13 +1224,9 @@ def in_context_params(gamma, xi, dim: int, temperature=1.0) -> InContextParams:
     """
     dim = C.scalar(dim, "dim", low=0, integer=True)
     temperature = C.scalar(temperature, "temperature", low=0)
-    dtype = _dtype_of(gamma, xi)
-    gamma = _scalar(gamma, "gamma", dtype)
-    xi = _scalar(xi, "xi", dtype)
-    if C.is_concrete(gamma) and float(gamma) < 0:
-        raise ValueError(f"`gamma` must be non-negative; got {float(gamma)}")
-    if C.is_concrete(xi) and float(xi) <= 0:
-        raise ValueError(f"`xi` must be positive; got {float(xi)}")
+    dtype = C.common_float_dtype(gamma, xi)
+    gamma = C.scalar(gamma, "gamma", low=0, strict=False)
+    xi = C.scalar(xi, "xi", low=0)
     s = gamma**2 + xi**2
     a = xi**2 / s
     eye = jnp.eye(dim, dtype=dtype)
@@ -1277,6 +1275,74 @@ def in_context_denoise(params: InContextParams, prompt, queries, *, block_size=N
     heads = ((checked["U1"], checked["V1"]), (checked["U2"], checked["V2"]))
     res = [queries + _attend(prompt, queries, U, V, block_size).astype(dtype) for U, V in heads]
     return jnp.concatenate(res, axis=-1) @ checked["W_out"].T
+
+
+def estimate_task(prompt, gamma, xi, *, n_iter: int = 50) -> DenoisingProblem:
+    r"""Read a two-component task from a finite prompt by EM: the plug-in in-context denoiser.
+
+    Let :math:`z_1, \dots, z_L` denote the rows of ``prompt``, noisy draws of
+    :math:`\sum_k \pi_k \mathcal N(m_k, S)` with :math:`S = (\gamma^2 + \xi^2) I_d` known
+    (shared by all tasks, as in Prop 4.4). EM for the weights and the means starts from
+    :math:`\hat\pi = (\tfrac12, \tfrac12)`, :math:`\hat m_{1,2} = \bar z \pm \sqrt{\lambda}\, v`
+    (:math:`\lambda, v` the top eigenpair of the prompt's covariance) and repeats
+    ``n_iter`` times
+
+    .. math::
+
+        r_{ik} = \operatorname{softmax}_k\Big(\log \hat\pi_k
+        - \frac{\|z_i - \hat m_k\|^2}{2s}\Big),\qquad
+        \hat\pi_k = \frac1L \sum_i r_{ik},\qquad
+        \hat m_k = \frac{\sum_i r_{ik} z_i}{\sum_i r_{ik}}.
+
+    The returned problem's :meth:`DenoisingProblem.bayes` is the plug-in denoiser
+    :math:`(1 - a) z + a \sum_k \hat\beta_k(z) \hat m_k`: the Bayes formula (eq 10) of the
+    estimated task, the reference for what a predictor can read from L tokens. It does
+    not use the equal norms of the tasks.
+
+    Args:
+        prompt: tokens, shape (L, d), L ≥ 2.
+        gamma: :math:`\gamma \ge 0`.
+        xi: :math:`\xi > 0`.
+        n_iter: EM iterations, a positive int.
+
+    Returns:
+        a :class:`DenoisingProblem` with the estimated weights and means (traceable:
+        ``jax.vmap`` it over prompts).
+
+    Raises:
+        ValueError: naming ``prompt`` (shape, finiteness), ``gamma``, ``xi`` or ``n_iter``.
+
+    Example:
+        >>> task = estimate_task(tokens, 1.0, 0.5)
+        >>> task.bayes(queries)  # the plug-in denoiser
+    """
+    n_iter = C.scalar(n_iter, "n_iter", low=0, integer=True)
+    prompt = C.array(prompt, "prompt", (None, None), desc="(L, d) (tokens)")
+    if prompt.shape[0] < 2:
+        raise ValueError(f"`prompt` must hold at least two tokens; got shape {tuple(prompt.shape)}")
+    gamma = C.scalar(gamma, "gamma", low=0, strict=False)
+    xi = C.scalar(xi, "xi", low=0)
+    weights, means = _em(prompt, jnp.asarray(gamma**2 + xi**2, prompt.dtype), n_iter)
+    return DenoisingProblem(weights, means, jnp.asarray(gamma, prompt.dtype), jnp.asarray(xi, prompt.dtype))
+
+
+@partial(jax.jit, static_argnums=2)
+def _em(z, s, n_iter):
+    centre = z.mean(0)
+    lam, vec = jnp.linalg.eigh(jnp.cov(z.T).reshape(z.shape[1], z.shape[1]))
+    step = jnp.sqrt(lam[-1]) * vec[:, -1]
+    means = jnp.stack([centre + step, centre - step])
+    log_w = jnp.log(jnp.full(2, 0.5, z.dtype))
+
+    def update(_, state):
+        log_w, means = state
+        logits = log_w - jnp.sum((z[:, None, :] - means) ** 2, -1) / (2 * s)
+        r = jax.nn.softmax(logits, axis=1)  # (L, 2)
+        total = r.sum(0)
+        return jnp.log(total / z.shape[0]), (r.T @ z) / total[:, None]
+
+    log_w, means = jax.lax.fori_loop(0, n_iter, update, (log_w, means))
+    return jnp.exp(log_w), means
 
 
 # ----------------------------------------------------------------------------- iterated denoiser
