@@ -803,9 +803,9 @@ def heads_needed(problem: DenoisingProblem, *, constant_token: bool = True):
     common sphere of the metric :math:`S^{-1}` (always for affinely independent means;
     never for three collinear ones), and without the constant coordinate that sphere must
     be centred at 0 (equal :math:`S^{-1}`-norms). For an
-    invertible R this is also the fewest heads of any construction whose heads all have the
-    Bayes gates (the book's chapter 8 proves it: each head adds a term of rank at most
-    d − r to the linear part).
+    invertible R and means that span :math:`\mathbb R^d` this is also the fewest heads of
+    any construction whose heads all have the Bayes gates (the book's chapter 8 proves it:
+    each head adds a term of rank at most d − r to the linear part).
 
     Args:
         problem: a :class:`DenoisingProblem` (concrete values).
