@@ -19,11 +19,8 @@ __all__ = [
     "finite",
     "finite_kernel",
     "scalar",
-    "as_float_array",
     "common_float_dtype",
     "is_concrete",
-    "check_finite",
-    "check_shape",
     "check_weights",
     "check_psd",
     "check_key",
@@ -59,37 +56,6 @@ def common_float_dtype(*arrays):
         if _is_float(dt) and dt.itemsize <= 8 and (best is None or dt.itemsize > best.itemsize):
             best = dt  # float128 is not: array() reports it
     return jax.dtypes.canonicalize_dtype(jnp.float64 if best is None else best)
-
-
-def as_float_array(x, name: str, dtype=None):
-    """Convert ``x`` to a floating JAX array (of ``dtype`` if given).
-
-    Raises:
-        ValueError: if ``x`` is not numeric (strings, objects, complex numbers).
-    """
-    if isinstance(x, jax.Array) and is_concrete(x):
-        dt = x.dtype  # a JAX array: check its dtype without copying it to the host
-        if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_):
-            raise ValueError(f"`{name}` must be a real numeric array; got dtype {dt}")
-    elif is_concrete(x):
-        try:
-            arr = np.asarray(x)
-        except Exception as exc:  # ragged lists and the like
-            raise ValueError(f"`{name}` must be a numeric array; got {type(x).__name__} ({exc})") from None
-        if arr.dtype == object or not (
-            np.issubdtype(arr.dtype, np.floating)
-            or np.issubdtype(arr.dtype, np.integer)
-            or np.issubdtype(arr.dtype, np.bool_)
-            or str(arr.dtype) == "bfloat16"
-        ):
-            raise ValueError(f"`{name}` must be a real numeric array; got dtype {arr.dtype}")
-        if np.issubdtype(arr.dtype, np.floating) and arr.dtype.itemsize > 8:  # float128: JAX has none
-            raise ValueError(f"`{name}` has dtype {arr.dtype}, which JAX does not support; "
-                             "convert it to float64 or float32")
-    x = jnp.asarray(x)
-    if dtype is None:
-        dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else common_float_dtype()
-    return x.astype(dtype)
 
 
 def _describe(shape) -> str:
@@ -306,27 +272,6 @@ def _scalar_wanted(low, high, strict, integer) -> str:
     if high is not None:
         return f"{kind} {'<' if strict else '<='} {high}"
     return kind
-
-
-def check_finite(x, name: str) -> None:
-    """Raise if a concrete ``x`` holds NaN or infinite values."""
-    if not is_concrete(x):
-        return
-    if isinstance(x, jax.Array):
-        with jax.ensure_compile_time_eval():  # a concrete array met while tracing a jit: still check it now
-            finite = jnp.isfinite(x).all()
-    else:
-        finite = np.all(np.isfinite(np.asarray(x)))
-    if not bool(finite):  # for a JAX array, one scalar comes back to the host, not the array
-        raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
-
-
-def check_shape(x, name: str, shape: tuple, desc: str | None = None) -> None:
-    """Raise unless ``x.shape`` matches ``shape`` (``None`` entries match anything)."""
-    ok = x.ndim == len(shape) and all(s is None or s == t for s, t in zip(shape, x.shape))
-    if not ok:
-        want = desc or "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
-        raise ValueError(f"`{name}` must have shape {want}; got {tuple(x.shape)}")
 
 
 def check_weights(weights, name: str = "weights") -> None:

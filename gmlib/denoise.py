@@ -253,9 +253,7 @@ class DenoisingProblem:
     def _queries(self, z, name="z"):
         dtype = C.common_float_dtype(self.means, z)
         prob = self if dtype == self.dtype else self.astype(dtype)
-        z = C.as_float_array(z, name, dtype)
-        C.check_shape(z, name, (None, self.dim), f"(n, d) with d = {self.dim}")
-        C.check_finite(z, name)
+        z = C.array(z, name, (None, self.dim), dtype=dtype, desc=f"(n, d) with d = {self.dim}")
         return prob, z
 
     def posterior(self, z):
@@ -1262,16 +1260,12 @@ def in_context_denoise(params: InContextParams, prompt, queries, *, block_size=N
     d = _check_prompt(prompt)
     leaves = [prompt.means] if isinstance(prompt, GaussianMixture) else [prompt]
     dtype = C.common_float_dtype(*leaves, queries, *params)
-    queries = C.as_float_array(queries, "queries", dtype)
-    C.check_shape(queries, "queries", (None, d), f"(n, d) with d = {d} (the token dimension)")
-    C.check_finite(queries, "queries")
+    queries = C.array(queries, "queries", (None, d), dtype=dtype,
+                      desc=f"(n, d) with d = {d} (the token dimension)")
     checked = {}
     for name, val in zip(InContextParams._fields, params):
-        shape = (None, 2 * d) if name == "W_out" else (d, d)
-        val = C.as_float_array(val, f"params.{name}", dtype)
-        C.check_shape(val, f"params.{name}", shape, ("(D_y, 2d)" if name == "W_out" else "(d, d)") + f" with d = {d}")
-        C.check_finite(val, f"params.{name}")
-        checked[name] = val
+        shape, desc = ((None, 2 * d), "(D_y, 2d)") if name == "W_out" else ((d, d), "(d, d)")
+        checked[name] = C.array(val, f"params.{name}", shape, dtype=dtype, desc=f"{desc} with d = {d}")
     heads = ((checked["U1"], checked["V1"]), (checked["U2"], checked["V2"]))
     res = [queries + _attend(prompt, queries, U, V, block_size).astype(dtype) for U, V in heads]
     return jnp.concatenate(res, axis=-1) @ checked["W_out"].T

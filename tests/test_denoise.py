@@ -546,7 +546,9 @@ def test_denoiser_rejects_invalid_queries(prob, data, method):
 @SETTINGS
 @given(data=st.data())
 def test_in_context_params_rejects_invalid(data):
-    spec = {"gamma": Arg(extra=(negative,)), "xi": Arg(extra=(negative,)),
+    # gamma and xi are host scalars (C.scalar): any real dtype, float128 included, is fine.
+    scalar = Arg(dtype=False, extra=(negative,))
+    spec = {"gamma": scalar, "xi": scalar,
             "dim": Arg(rank=False, finite=False, dtype=False, extra=(bad_positive_int,))}
     name, bad = data.draw(corrupt(dict(gamma=np.float64(0.5), xi=np.float64(1.0), dim=2), spec))
     assert_rejects(lambda: dn.in_context_params(**bad), name)
