@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import jupytext
 import pytest
@@ -198,3 +199,10 @@ def test_api_page_lists_every_public_name():
         mod = importlib.import_module(modname)
         for name in mod.__all__:
             assert re.search(rf":: {re.escape(modname)}\.{name}\s", api), f"{modname}.{name} is missing from book/api.md"
+
+
+def test_chapter_code_is_ruff_formatted():
+    """`make format` leaves every twin as it is (ruff format, book/ruff.toml)."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "format_chapters.py"), "--check"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, f"{out.stdout}{out.stderr}(run `make format`)"
