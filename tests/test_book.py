@@ -206,3 +206,13 @@ def test_chapter_code_is_ruff_formatted():
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "format_chapters.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, f"{out.stdout}{out.stderr}(run `make format`)"
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+def test_every_numref_has_a_target(nb):
+    """Each {numref} names a figure (or a labelled equation or section) of the chapter: no dangling reference."""
+    text = nb.with_suffix(".md").read_text()
+    refs = {m.group(2) for m in re.finditer(r"\{numref\}`([^`<]*<)?([\w-]+)>?`", text)}
+    figures = {c.metadata.get("mystnb", {}).get("figure", {}).get("name") for c in jupytext.read(nb).cells}
+    labels = set(re.findall(r"^\(([\w-]+)\)=$", text, flags=re.M)) | set(re.findall(r":(?:label|name): ([\w-]+)", text))
+    assert refs <= figures | labels, f"{nb.name}: {{numref}} to missing targets {sorted(refs - figures - labels)}"
