@@ -89,7 +89,7 @@ def test_chapter_structure(nb):
     assert re.search(r"```\{prf:(theorem|proposition|lemma)\}", text), f"{nb.name} states no result"
     assert text.count("assert ") >= 2, f"{nb.name} checks nothing"
     n_ex = len(re.findall(r"```\{exercise\}", text))
-    n_sol = len(re.findall(r"```\{solution(-start)?\}[^\n]*\n:class: dropdown", text))
+    n_sol = len(re.findall(r"```\{solution(-start)?\} [\w-]+\n:class: dropdown", text))  # label required
     assert n_ex >= 3 and n_sol >= n_ex, f"{nb.name}: {n_ex} exercises, {n_sol} folded solutions"
 
 
