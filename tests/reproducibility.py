@@ -25,7 +25,6 @@ import pathlib
 import re
 import sys
 import time
-from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
@@ -107,21 +106,6 @@ def compare(path: pathlib.Path, built_dir: pathlib.Path, timeout: int, hashseed:
     return problems
 
 
-def _last_time(built: pathlib.Path) -> float:
-    """How long the build took to execute a chapter (0 when unknown)."""
-    try:
-        nb = nbformat.read(built, as_version=4)
-    except (OSError, ValueError):
-        return 0.0
-    stamps = [c.get("metadata", {}).get("execution", {}) for c in nb.cells if c.cell_type == "code"]
-    starts = [s.get("iopub.execute_input") for s in stamps if s.get("iopub.execute_input")]
-    ends = [s.get("shell.execute_reply") for s in stamps if s.get("shell.execute_reply")]
-    if not starts or not ends:
-        return 0.0
-    parse = lambda t: datetime.fromisoformat(t.replace("Z", "+00:00"))
-    return (parse(max(ends)) - parse(min(starts))).total_seconds()
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path,
@@ -132,8 +116,6 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="chapters executed at once (one kernel each)")
     args = parser.parse_args(argv)
     notebooks = [p.resolve() for p in args.notebooks] or sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
-    # Longest first, so that the parallel run is not left waiting on one long chapter at the end.
-    notebooks.sort(key=lambda p: -_last_time(args.built / p.name))
 
     def one(nb):
         start = time.time()
