@@ -22,9 +22,10 @@ __all__ = [
     "common_float_dtype",
     "is_concrete",
     "check_weights",
+    "check_positive",
     "check_psd",
-    "check_key",
-    "check_callable",
+    "check_choice",
+    "check_steps",
     "check_float_dtype",
 ]
 
@@ -81,7 +82,8 @@ def _all_finite(x):
     return _finite_all(x)
 
 
-def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, finite: bool = True):
+def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, finite: bool = True,
+          min_rows: int = 0):
     """Convert ``x`` to a floating JAX array and check its shape and finiteness, in one call.
 
     Args:
@@ -94,6 +96,7 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
         finite: check that the values are finite. Done on concrete values only (not on
             abstract tracers under ``jit``): a numpy input is checked on the host before it
             is copied, a JAX array with one fused reduction (one scalar comes back).
+        min_rows: the least size of the first axis (e.g. 1: at least one token).
 
     Returns:
         a JAX array.
@@ -128,6 +131,9 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
         got = x.shape
         if len(got) != len(shape) or any(s is not None and s != t for s, t in zip(shape, got)):
             raise ValueError(f"`{name}` must have shape {desc or _describe(shape)}; got {tuple(got)}")
+    if min_rows and (x.ndim == 0 or x.shape[0] < min_rows):
+        raise ValueError(f"`{name}` must hold at least {min_rows} row{'s' if min_rows > 1 else ''} "
+                         f"(first axis); got shape {tuple(x.shape)}")
     if finite and not traced:
         with jax.ensure_compile_time_eval():  # a concrete array met while tracing a jit: still check it now
             ok = bool(_all_finite(x))
@@ -274,13 +280,13 @@ def _scalar_wanted(low, high, strict, integer) -> str:
     return kind
 
 
-def check_weights(weights, name: str = "weights") -> None:
-    """Raise unless concrete ``weights`` are non-negative and sum to one."""
+def check_weights(weights, name: str = "weights", *, positive: bool = False) -> None:
+    """Raise unless concrete ``weights`` are non-negative (``positive``: positive) and sum to one."""
     if not is_concrete(weights):
         return
     w = np.asarray(weights, dtype=np.float64)
-    if np.any(w < 0):
-        raise ValueError(f"`{name}` must be non-negative; got {w}")
+    if np.any(w <= 0 if positive else w < 0):
+        raise ValueError(f"`{name}` must be {'positive' if positive else 'non-negative'}; got {w}")
     if weights.dtype == jnp.float64:
         tol = 1e-9
     elif weights.dtype == jnp.float32:
@@ -291,10 +297,27 @@ def check_weights(weights, name: str = "weights") -> None:
         raise ValueError(f"`{name}` must sum to one; got sum {w.sum():.12g}")
 
 
-def check_psd(mats, name: str) -> None:
+def check_positive(x, name: str, *, strict: bool = True, high=None, why: str = "") -> None:
+    """Raise unless every entry of a concrete array ``x`` is positive (``strict=False``: non-negative).
+
+    ``high``: also below ``high`` (strictly with ``strict``), e.g. a probability in (0, 1).
+    ``why`` is appended to the message (e.g. "a standard deviation"). Tracers are skipped.
+    """
+    if not is_concrete(x):
+        return
+    a = np.asarray(x)
+    if np.any(a <= 0 if strict else a < 0) or (high is not None and np.any(a >= high if strict else a > high)):
+        bounds = ("positive" if strict else "non-negative") if high is None else \
+            f"in {'(' if strict else '['}0, {high}{')' if strict else ']'}"
+        raise ValueError(f"`{name}` must be {bounds}{why}; got {a}")
+
+
+def check_psd(mats, name: str, *, definite: bool = False) -> None:
     """Raise unless ``mats`` are square matrices (..., D, D), and on concrete values symmetric PSD.
 
-    Tolerances are relative to the largest entry, in the matrices' precision.
+    ``definite``: positive definite (smallest eigenvalue above 1e-12, 1e-5 in float32,
+    times the largest entry). Tolerances are relative to the largest entry, in the
+    matrices' precision.
     """
     if mats.ndim < 2 or mats.shape[-1] != mats.shape[-2] or mats.shape[-1] == 0:
         raise ValueError(f"`{name}` must hold square matrices, shape (..., D, D) with D >= 1; got {tuple(mats.shape)}")
@@ -306,6 +329,8 @@ def check_psd(mats, name: str) -> None:
     if np.any(np.abs(a - np.swapaxes(a, -1, -2)) > eps * scale):
         raise ValueError(f"`{name}` must be symmetric")
     low = np.linalg.eigvalsh(a).min(axis=-1)
+    if definite and np.any(low <= (1e-5 if mats.dtype == jnp.float32 else 1e-12) * scale[..., 0, 0]):
+        raise ValueError(f"`{name}` must be positive definite; its smallest eigenvalue is {np.min(low):.3g}")
     if np.any(low < -eps * scale[..., 0, 0]):
         k = np.flatnonzero(np.atleast_1d(low < -eps * scale[..., 0, 0]))
         raise ValueError(
@@ -314,27 +339,19 @@ def check_psd(mats, name: str) -> None:
         )
 
 
-def check_key(key, name: str = "key") -> None:
-    """Raise unless ``key`` is one ``jax.random`` key (a typed key, or raw uint32 key data of shape (2,))."""
-    try:
-        dtype = key.dtype
-        shape = tuple(key.shape)
-    except AttributeError:
-        raise ValueError(f"`{name}` must be a jax.random key (e.g. jax.random.key(0)); "
-                         f"got {type(key).__name__}") from None
-    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
-        if shape != ():
-            raise ValueError(f"`{name}` must be a single jax.random key (shape ()); got a batch of shape {shape}")
-        return
-    if dtype != jnp.uint32 or shape != (2,):
-        raise ValueError(f"`{name}` must be a jax.random key (jax.random.key(0), or the uint32 array of shape (2,) "
-                         f"of jax.random.PRNGKey(0)); got dtype {dtype} and shape {shape}")
+def check_choice(value, name: str, choices) -> None:
+    """Raise unless ``value`` is one of ``choices`` (a mode string: a typo must not pick another mode)."""
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {tuple(choices)}; got {value!r}")
 
 
-def check_callable(fn, name: str = "fn") -> None:
-    """Raise unless ``fn`` is callable."""
-    if not callable(fn):
-        raise ValueError(f"`{name}` must be a callable; got {type(fn).__name__}")
+def check_steps(n_steps, record_every):
+    """``(n_steps, record_every)`` as positive ints, ``n_steps`` a multiple of ``record_every`` (no step dropped)."""
+    n_steps = scalar(n_steps, "n_steps", low=0, integer=True)
+    record_every = scalar(record_every, "record_every", low=0, integer=True)
+    if n_steps % record_every:
+        raise ValueError(f"`n_steps` must be a multiple of `record_every` = {record_every}; got {n_steps}")
+    return n_steps, record_every
 
 
 def check_float_dtype(dtype, name: str = "dtype"):

@@ -100,7 +100,6 @@ def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out
     value_dim = dim if value_dim is None else C.scalar(value_dim, "value_dim", low=0, integer=True)
     out_dim = None if out_dim is None else C.scalar(out_dim, "out_dim", low=0, integer=True)
     dtype = C.check_float_dtype(dtype)
-    C.check_key(key)
     scale = C.scalar(scale, "scale")
     ku, kv, kw = jax.random.split(key, 3)
     factor = jnp.asarray(scale / np.sqrt(dim), dtype)  # in `dtype`: strict promotion
@@ -115,12 +114,7 @@ def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out
 
 
 def _check_params(params, dim: int, residual: bool, dtype):
-    if not isinstance(params, dict) or "U" not in params or "V" not in params:
-        raise ValueError("`params` must be a dict with keys 'U' (H, D, D) and 'V' (H, D_v, D); got "
-                         f"{type(params).__name__}")
     U = C.array(params["U"], "params['U']", (None, dim, dim), dtype=dtype, desc=f"(H, D, D) with D = {dim}")
-    if U.shape[0] == 0:
-        raise ValueError("`params['U']` must hold at least one head; got shape " + str(tuple(U.shape)))
     V = C.array(params["V"], "params['V']", (U.shape[0], None, dim), dtype=dtype,
                 desc=f"(H, D_v, D) = ({U.shape[0]}, D_v, {dim})")
     if residual and V.shape[1] != dim:
@@ -160,8 +154,7 @@ def apply_heads(params, tokens, queries, *, kind: str = "softmax", residual: boo
 
     Use ``jax.vmap`` over a batch of prompts (see :func:`fit`).
     """
-    if kind not in _KINDS:
-        raise ValueError(f"`kind` must be one of {_KINDS}; got {kind!r}")
+    C.check_choice(kind, "kind", _KINDS)
     population = isinstance(tokens, GaussianMixture)
     if not population:
         tokens = C.array(tokens, "tokens", (None, None), desc="(L, D), or a GaussianMixture")
@@ -172,13 +165,10 @@ def apply_heads(params, tokens, queries, *, kind: str = "softmax", residual: boo
         tokens = tokens.astype(dtype)
     params = _check_params(params, dim, residual, dtype)
     queries = C.array(queries, "queries", (None, dim), dtype=dtype, desc=f"(Q, D) with D = {dim}")
-    if mask is not None:
-        if population:
-            raise ValueError("`mask` applies to a finite prompt; got a GaussianMixture `tokens`")
-        mask = jnp.asarray(mask)
-        if mask.shape != tokens.shape[:1] or mask.dtype != jnp.bool_:
-            raise ValueError(f"`mask` must be a boolean array of shape ({tokens.shape[0]},) (L,); "
-                             f"got {mask.dtype} of shape {tuple(mask.shape)}")
+    mask = None if mask is None else jnp.asarray(mask)
+    if mask is not None and (population or mask.shape != tokens.shape[:1] or mask.dtype != jnp.bool_):
+        raise ValueError(f"`mask` must be a boolean array (L,) for a finite prompt of L tokens; got {mask.dtype} "
+                         f"of shape {tuple(mask.shape)} for `tokens` {'(a GaussianMixture)' if population else ''}")
     heads = []
     for U, V in zip(params["U"], params["V"]):
         if population:
@@ -238,9 +228,6 @@ def denoising_task_sampler(gamma: float, xi: float, dim: int, *, radius: float =
         raise ValueError(f"`weight_range` must satisfy 0 < low <= high < 1; got {weight_range}")
 
     def sample(key, batch_size: int, prompt_length: int) -> Batch:
-        C.check_key(key)
-        batch_size = C.scalar(batch_size, "batch_size", low=0, integer=True)
-        prompt_length = C.scalar(prompt_length, "prompt_length", low=0, integer=True)
         k_m, k_p, k_x = jax.random.split(key, 3)
         dirs = jax.random.normal(k_m, (batch_size, 2, dim), dtype)
         means = radius * dirs / jnp.linalg.norm(dirs, axis=-1, keepdims=True)
@@ -307,16 +294,12 @@ def classification_prompt_sampler(mean_pos, mean_neg, cov, p_pos: float, *, n_qu
     task = LDAProblem(*(C.array(a, name, dtype=np.float64) for a, name in
                         ((mean_pos, "mean_pos"), (mean_neg, "mean_neg"), (cov, "cov"), (p_pos, "p_pos"))))
     mean_pos, mean_neg, cov = (np.asarray(a, dtype=np.float64) for a in (task.mean_pos, task.mean_neg, task.cov))
-    p_pos = float(task.p_pos)
+    p_pos, dtype = float(task.p_pos), task.dtype  # JAX's default float (the task was made in float64)
     d = mean_pos.shape[0]
     root = np.linalg.cholesky(cov)
     n_queries = C.scalar(n_queries, "n_queries", low=0, integer=True)
 
     def sample(key, batch_size: int, prompt_length: int) -> Batch:
-        C.check_key(key)
-        batch_size = C.scalar(batch_size, "batch_size", low=0, integer=True)
-        prompt_length = C.scalar(prompt_length, "prompt_length", low=0, integer=True)
-        dtype = C.common_float_dtype()
         k_y, k_x = jax.random.split(key)
         n = prompt_length + n_queries
         y = jnp.where(jax.random.uniform(k_y, (batch_size, n)) < p_pos, 1.0, -1.0).astype(dtype)
@@ -372,16 +355,7 @@ def fit(loss: Callable, params, sampler: Callable, optimizer, key, *, n_steps: i
         (``record_every``, ``2 record_every``, ...) and the records stacked along a first axis.
     """
     n_steps, record_every, batch_size, prompt_length = _check_loop(n_steps, record_every, batch_size, prompt_length)
-    C.check_key(key)
-    _check_params_tree(params)
-    params_spec = jax.tree_util.tree_map(_spec, params)
-    _check_fns(loss, params_spec, sampler, optimizer, batch_size, prompt_length)
     if metric is not None:
-        C.check_callable(metric, "metric")
-        try:
-            jax.eval_shape(metric, params_spec)
-        except Exception as exc:
-            raise ValueError(f"`metric` failed on the params: {type(exc).__name__}: {exc}") from None
         metric = _ParamsOnly(metric)
     spec = _Spec(loss, sampler, optimizer, batch_size, prompt_length, record_every, metric)
     with jax.numpy_dtype_promotion("standard"):
@@ -434,55 +408,11 @@ def _fit_block(state, key, *, spec, n_records):
     return (params, opt_state, start + n_records), out
 
 
-def _spec(a):
-    a = jnp.asarray(a)
-    return jax.ShapeDtypeStruct(a.shape, a.dtype)
-
-
 def _check_loop(n_steps, record_every, batch_size, prompt_length):
-    n_steps, record_every, batch_size, prompt_length = (
-        C.scalar(v, name, low=0, integer=True) for v, name in
-        ((n_steps, "n_steps"), (record_every, "record_every"), (batch_size, "batch_size"),
-         (prompt_length, "prompt_length")))
-    if n_steps % record_every:
-        raise ValueError(f"`n_steps` must be a multiple of `record_every` = {record_every}; got {n_steps}")
+    n_steps, record_every = C.check_steps(n_steps, record_every)
+    batch_size, prompt_length = (C.scalar(v, name, low=0, integer=True) for v, name in
+                                 ((batch_size, "batch_size"), (prompt_length, "prompt_length")))
     return n_steps, record_every, batch_size, prompt_length
-
-
-def _check_params_tree(params, name: str = "params"):
-    """A pytree of finite floating arrays (what optax and jax.grad need)."""
-    leaves = jax.tree_util.tree_leaves(params)
-    if not leaves:
-        raise ValueError(f"`{name}` must be a pytree of floating arrays; got no leaves ({type(params).__name__})")
-    for leaf in leaves:
-        dt = getattr(leaf, "dtype", None)
-        if dt is None or not jnp.issubdtype(dt, jnp.floating):
-            raise ValueError(f"`{name}` must be a pytree of floating arrays; got a leaf of type "
-                             f"{type(leaf).__name__} (dtype {dt})")
-        if isinstance(leaf, (jax.Array, np.ndarray)):  # not the shapes of training_run's init
-            C.array(leaf, name)
-
-
-def _check_fns(loss, params_spec, sampler, optimizer, batch_size, prompt_length):
-    """Trace (no compute) one step's sampler and loss, so that a bad function is named before the loop compiles."""
-    C.check_callable(loss, "loss")
-    C.check_callable(sampler, "sampler")
-    if not isinstance(optimizer, optax.GradientTransformation):
-        raise ValueError(f"`optimizer` must be an optax.GradientTransformation; got {type(optimizer).__name__}")
-    try:
-        batch = jax.eval_shape(lambda k: sampler(k, batch_size, prompt_length), jax.random.key(0))
-    except ValueError:
-        raise
-    except Exception as exc:
-        raise ValueError(f"`sampler` failed on (key, batch_size, prompt_length): {type(exc).__name__}: {exc}") from None
-    try:
-        with jax.numpy_dtype_promotion("standard"):
-            out = jax.eval_shape(loss, params_spec, batch)
-    except Exception as exc:
-        raise ValueError(f"`loss` failed on (params, batch): {type(exc).__name__}: {exc}") from None
-    if not (hasattr(out, "shape") and out.shape == () and jnp.issubdtype(out.dtype, jnp.floating)):
-        raise ValueError(f"`loss` must return a floating scalar; got {out}")
-    return batch
 
 
 def training_run(loss: Callable, init: Callable, sampler: Callable, optimizer, *, n_steps: int,
@@ -509,20 +439,9 @@ def training_run(loss: Callable, init: Callable, sampler: Callable, optimizer, *
         lengths share one program. ``records`` has a first axis of ``n_steps // record_every``.
     """
     n_steps, record_every, batch_size, prompt_length = _check_loop(n_steps, record_every, batch_size, prompt_length)
-    C.check_callable(init, "init")
-    try:
-        with jax.numpy_dtype_promotion("standard"):
-            params_spec = jax.eval_shape(init, jax.random.key(0))
-    except Exception as exc:
-        raise ValueError(f"`init` failed on a key: {type(exc).__name__}: {exc}") from None
-    _check_params_tree(params_spec, "init")
-    _check_fns(loss, params_spec, sampler, optimizer, batch_size, prompt_length)
-    if metric is not None:
-        C.check_callable(metric, "metric")
     spec = _Spec(loss, sampler, optimizer, batch_size, prompt_length, record_every, metric)
 
     def run(key, params=None, length=None):
-        C.check_key(key)
         k_init, k_train = jax.random.split(key)
         mask = None if length is None else jnp.arange(prompt_length) < length
         with jax.numpy_dtype_promotion("standard"):  # see fit
@@ -559,25 +478,14 @@ def sharded_sweep(fn: Callable, seeds, *inputs, devices=None):
     Returns:
         the pytree of results stacked along a first axis of length ``len(seeds)``.
     """
-    C.check_callable(fn, "fn")
-    try:
-        seeds = np.asarray(seeds)
-    except Exception:
-        raise ValueError(f"`seeds` must be a non-empty 1-D sequence of ints; got {type(seeds).__name__}") from None
+    seeds = np.asarray(seeds)
     if seeds.ndim != 1 or seeds.size == 0 or not np.issubdtype(seeds.dtype, np.integer):
         raise ValueError(f"`seeds` must be a non-empty 1-D sequence of ints; got {seeds!r}")
     if seeds.min() < 0 or seeds.max() >= 2**32:  # the keys are built from uint32 seeds: no silent wrap-around
         raise ValueError(f"`seeds` must lie in [0, 2**32); got {seeds!r}")
-    for leaf in jax.tree_util.tree_leaves(inputs):
-        if np.ndim(leaf) == 0 or np.shape(leaf)[0] != len(seeds):
-            raise ValueError(f"`inputs` must have a first axis of len(seeds) = {len(seeds)}; "
-                             f"got a leaf of shape {np.shape(leaf)}")
-    try:
-        devices = list(jax.devices() if devices is None else devices)
-    except TypeError:
-        raise ValueError(f"`devices` must be a sequence of jax devices; got {type(devices).__name__}") from None
-    if not devices or not all(isinstance(dev, jax.Device) for dev in devices):
-        raise ValueError(f"`devices` must be a non-empty sequence of jax devices; got {devices!r}")
+    devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("`devices` must be a non-empty sequence of jax devices; got none")
     n_pad = (-len(seeds)) % len(devices)
     pad = lambda a: jnp.concatenate([jnp.asarray(a), jnp.repeat(jnp.asarray(a)[-1:], n_pad, axis=0)])  # noqa: E731
     mesh = jax.sharding.Mesh(np.array(devices), ("seeds",))
