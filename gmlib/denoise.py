@@ -87,10 +87,6 @@ def _dtype_of(*args):
     return C.common_float_dtype(*typed) if typed else C.common_float_dtype()
 
 
-def _scalar(x, name, dtype):
-    return C.array(x, name, (), dtype=dtype, desc="() (a scalar)")
-
-
 def _tol(dtype):
     """Relative tolerance for value checks (equal norms, gamma = xi, distinct means)."""
     return 1e-5 if jnp.finfo(dtype).bits <= 32 else 1e-9
@@ -155,40 +151,25 @@ class DenoisingProblem:
     cov: jax.Array | None = None
 
     def __init__(self, weights, means, gamma=None, xi=None, *, cov=None):
-        if xi is None:
-            raise ValueError("`xi` is required: the noise level, a positive scalar")
         if (gamma is None) == (cov is None):
             raise ValueError("exactly one of `gamma` (Gamma = gamma^2 I) and `cov` (a (d, d) matrix) must be "
                              f"given; got {'both' if gamma is not None else 'neither'}")
         dtype = _dtype_of(weights, means, xi, gamma if cov is None else cov)
         weights = C.array(weights, "weights", (None,), dtype=dtype, desc="(M,)")
         m = weights.shape[0]
-        if m == 0:
-            raise ValueError("`weights` must hold at least one component; got shape (0,)")
         means = C.array(means, "means", (m, None), dtype=dtype, desc=f"(M, d) with M = {m}")
         d = means.shape[1]
-        if d == 0:
-            raise ValueError(f"`means` must have dimension d >= 1; got shape {tuple(means.shape)}")
         xi = C.array(xi, "xi", (), dtype=dtype, desc="() (a scalar)")
         if cov is None:
             gamma = C.array(gamma, "gamma", (), dtype=dtype, desc="() (a scalar)")
-            if C.is_concrete(gamma) and float(gamma) < 0:
-                raise ValueError(f"`gamma` must be non-negative (a standard deviation); got {float(gamma)}")
+            C.check_positive(gamma, "gamma", strict=False, why=" (a standard deviation)")
         else:
             cov = C.array(cov, "cov", (d, d), dtype=dtype, desc=f"(d, d) = ({d}, {d})")
             C.check_psd(cov, "cov")
-        if C.is_concrete(weights) and bool(jnp.any(weights <= 0)):
-            raise ValueError(f"`weights` must be positive (every component present); got {np.asarray(weights)}")
-        C.check_weights(weights)
-        if C.is_concrete(xi) and float(xi) <= 0:
-            raise ValueError(f"`xi` must be positive (no noise, nothing to denoise); got {float(xi)}")
-        if C.is_concrete(means) and m > 1:
-            mu = np.asarray(means, dtype=np.float64)
-            dist = np.linalg.norm(mu[:, None, :] - mu[None, :, :], axis=-1) + np.eye(m)
-            scale = max(1.0, float(np.abs(mu).max()))
-            if np.any(dist <= 1e-12 * scale):
-                i, j = np.argwhere(dist <= 1e-12 * scale)[0]
-                raise ValueError(f"`means` must be pairwise distinct; rows {i} and {j} are equal")
+        C.check_weights(weights, positive=True)  # every component present
+        C.check_positive(xi, "xi", why=" (no noise, nothing to denoise)")
+        if C.is_concrete(means) and len(np.unique(np.asarray(means), axis=0)) < m:
+            raise ValueError(f"`means` must be pairwise distinct; got equal rows in {np.asarray(means)}")
         for name, value in (("weights", weights), ("means", means), ("gamma", gamma), ("xi", xi), ("cov", cov)):
             object.__setattr__(self, name, value)
 
@@ -312,7 +293,6 @@ class DenoisingProblem:
         Example:
             >>> x, z = prob.sample(jax.random.key(0), 1000)
         """
-        C.check_key(key, "key")
         k_x, k_eps = jax.random.split(key)
         x, _ = self.clean.sample(k_x, n)
         return x, x + self.xi * jax.random.normal(k_eps, x.shape, self.dtype)
@@ -356,9 +336,7 @@ class DenoisingProblem:
             >>> A = linear_optimum(prob)
             >>> gap = prob.excess_risk(lambda z: z @ A.T)
         """
-        if method not in ("auto", "quadrature", "monte_carlo"):
-            raise ValueError(f"`method` must be 'auto', 'quadrature' or 'monte_carlo'; got {method!r}")
-        C.check_callable(f, "f")
+        C.check_choice(method, "method", ("auto", "quadrature", "monte_carlo"))
         if method == "auto":
             method = "quadrature" if self.dim <= 3 else "monte_carlo"
         sq_error = _squared_error(self, f)
@@ -483,18 +461,16 @@ def _bayes_risk(prob, nodes, w):
 # ----------------------------------------------------------------------------- constructions
 
 
-def _check_pair(problem, what: str, need_dim2: bool = True):
-    """Two components of equal norm (and d >= 2): what the head constructions need."""
-    if not isinstance(problem, DenoisingProblem):
-        raise ValueError(f"`problem` must be a DenoisingProblem; got {type(problem).__name__}")
+def _check_pair(problem, what: str, need_dim2: bool = True, general: bool = False):
+    """Two components (and d >= 2); unless ``general``, isotropic and of equal norm: what the head constructions need."""
     if problem.n_components != 2:
         raise ValueError(f"`problem` must have M = 2 components for {what}; got M = {problem.n_components}")
     if need_dim2 and problem.dim < 2:
         raise ValueError(f"`problem` must have dimension d >= 2 for {what}; got d = {problem.dim}")
-    if not problem.isotropic:
+    if not general and not problem.isotropic:
         raise ValueError(f"`problem` must be isotropic (given `gamma`) for {what}; for a full covariance use "
                          "two_head_bayes, multi_head_bayes or skip_head_bayes")
-    if C.is_concrete(problem.means):
+    if not general and C.is_concrete(problem.means):
         r1, r2 = np.linalg.norm(np.asarray(problem.means, dtype=np.float64), axis=-1)
         if abs(r1 - r2) > _tol(problem.dtype) * max(r1, r2, 1.0):
             raise ValueError(
@@ -566,18 +542,9 @@ def two_head_bayes(problem: DenoisingProblem, constant_token: bool = False):
         >>> heads = two_head_bayes(prob, constant_token=True)
         >>> multi_head_attention(augment(prob.noisy), augment(z), heads)[:, :-1]  # too
     """
-    if constant_token or (isinstance(problem, DenoisingProblem) and not problem.isotropic):
-        _check_problem(problem)
-        if problem.n_components != 2:
-            raise ValueError(f"`problem` must have M = 2 components for the two-head construction; got "
-                             f"M = {problem.n_components} (multi_head_bayes handles more)")
-        if problem.dim < 2:
-            raise ValueError(f"`problem` must have dimension d >= 2 for the two-head construction; got d = "
-                             f"{problem.dim}")
-        _, _, why = _plan(problem, constant_token, 2)
-        if why is not None:
-            raise ValueError(f"no two-head Bayes construction for `problem`: {why}")
-        return _matched_heads(problem, 1, 2, bool(constant_token))
+    if constant_token or not problem.isotropic:  # multi_head_bayes's construction, with two heads
+        _check_pair(problem, "the two-head construction (multi_head_bayes handles more)", general=True)
+        return multi_head_bayes(problem, constant_token=bool(constant_token), n_heads=2)
     _check_pair(problem, "the two-head construction")
     (U1, V1), (U2, V2) = _two_heads(problem)
     return [(U1, V1), (U2, V2)]
@@ -739,8 +706,6 @@ def augment(prompt):
         covs = jnp.zeros((m, d + 1, d + 1), prompt.dtype).at[:, :d, :d].set(prompt.covs)
         return unchecked(GaussianMixture, prompt.weights, means, covs)
     x = C.array(prompt, "prompt")
-    if x.ndim == 0:
-        raise ValueError("`prompt` must be an array (..., d) or a GaussianMixture; got a scalar")
     return jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], axis=-1)
 
 
@@ -812,7 +777,6 @@ def heads_needed(problem: DenoisingProblem, *, constant_token: bool = True):
     Returns:
         an int, or ``None``.
     """
-    _check_problem(problem)
     _, need, why = _plan(problem, constant_token)
     return None if why is not None else need
 
@@ -861,7 +825,6 @@ def multi_head_bayes(problem: DenoisingProblem, *, constant_token: bool = True, 
         >>> heads = multi_head_bayes(prob)  # prob with three means in d = 3
         >>> multi_head_attention(augment(prob.noisy), augment(z), heads)[:, :-1]  # = prob.bayes(z)
     """
-    _check_problem(problem)
     if n_heads is not None:
         n_heads = C.scalar(n_heads, "n_heads", low=0, integer=True)
     r, h, why = _plan(problem, constant_token, n_heads)
@@ -947,7 +910,6 @@ def skip_head_bayes(problem: DenoisingProblem, *, constant_token: bool = True):
         >>> zt = augment(z)
         >>> (zt @ B.T + population_attention(augment(prob.noisy), zt, U, V))[:, :-1]  # = prob.bayes(z)
     """
-    _check_problem(problem)
     _, _, why = _plan(problem, constant_token, 1)
     if why is not None and "offsets" in why:
         raise ValueError(f"no skip-head Bayes construction for `problem`: {why}")
@@ -985,8 +947,9 @@ def multi_head_attention(prompt, queries, heads, *, block_size=None):
     Raises:
         ValueError: for an empty ``heads``, and whatever the attention functions raise.
     """
-    dim = _check_prompt(prompt)
-    heads = _check_heads(heads, dim)
+    heads = list(heads)
+    if not heads:  # sum([]) would be a silent 0
+        raise ValueError("`heads` must hold at least one (U, V) pair; got none")
     return sum(_attend(prompt, queries, U, V, block_size) for U, V in heads)
 
 
@@ -994,29 +957,7 @@ def _check_prompt(prompt) -> int:
     """The token dimension D of a prompt (a GaussianMixture or tokens (L, D)), after validating it."""
     if isinstance(prompt, GaussianMixture):
         return prompt.dim
-    tokens = C.array(prompt, "prompt", (None, None), desc="(L, D) (tokens), or a GaussianMixture")
-    if tokens.shape[0] == 0:
-        raise ValueError(f"`prompt` must hold at least one token; got shape {tuple(tokens.shape)}")
-    return tokens.shape[1]
-
-
-def _check_heads(heads, dim: int):
-    """A non-empty list of (U, V) pairs, U (D, D) and V (D_out, D) finite; errors name `heads`."""
-    try:
-        heads = list(heads)
-    except TypeError:
-        raise ValueError(f"`heads` must be a sequence of (U, V) pairs; got {type(heads).__name__}") from None
-    if not heads:
-        raise ValueError("`heads` must hold at least one (U, V) pair; got none")
-    for h, pair in enumerate(heads):
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ValueError(f"`heads` must hold (U, V) pairs; entry {h} is {type(pair).__name__}")
-        try:
-            C.array(pair[0], "U", (dim, dim), desc=f"(D, D) with D = {dim}")
-            C.array(pair[1], "V", (None, dim), desc=f"(D_out, D) with D = {dim}")
-        except ValueError as exc:
-            raise ValueError(f"`heads` entry {h}: {exc}") from None
-    return heads
+    return C.array(prompt, "prompt", (None, None), desc="(L, D) (tokens), or a GaussianMixture").shape[1]
 
 
 def _attend(prompt, queries, U, V, block_size):
@@ -1044,7 +985,6 @@ def linear_optimum(problem: DenoisingProblem):
     Returns:
         array (d, d).
     """
-    _check_problem(problem)
     return _shrinkage(problem.clean.second_moment(), problem.xi)
 
 
@@ -1081,7 +1021,6 @@ def affine_optimum(problem: DenoisingProblem):
         >>> A, b = affine_optimum(prob)
         >>> prob.excess_risk(lambda z: z @ A.T + b)  # equals affine_gap(prob)
     """
-    _check_problem(problem)
     clean = problem.clean
     A = _shrinkage(clean.covariance(), problem.xi)
     mu = clean.mean()
@@ -1095,11 +1034,6 @@ def _shrinkage(cov, xi):
     lam, q = jnp.linalg.eigh(cov)
     lam = jnp.clip(lam, 0.0)
     return (q * (lam / (lam + xi**2))[None, :]) @ q.T
-
-
-def _check_problem(problem):
-    if not isinstance(problem, DenoisingProblem):
-        raise ValueError(f"`problem` must be a DenoisingProblem; got {type(problem).__name__}")
 
 
 def linear_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
@@ -1255,8 +1189,6 @@ def in_context_denoise(params: InContextParams, prompt, queries, *, block_size=N
     Returns:
         array (n, d).
     """
-    if not isinstance(params, InContextParams):
-        raise ValueError(f"`params` must be an InContextParams; got {type(params).__name__}")
     d = _check_prompt(prompt)
     leaves = [prompt.means] if isinstance(prompt, GaussianMixture) else [prompt]
     dtype = C.common_float_dtype(*leaves, queries, *params)
@@ -1311,11 +1243,8 @@ def estimate_task(prompt, gamma, xi, *, n_iter: int = 50) -> DenoisingProblem:
         >>> task.bayes(queries)  # the plug-in denoiser
     """
     n_iter = C.scalar(n_iter, "n_iter", low=0, integer=True)
-    prompt = C.array(prompt, "prompt", (None, None), desc="(L, d) (tokens)")
-    if prompt.shape[0] < 2:
-        raise ValueError(f"`prompt` must hold at least two tokens; got shape {tuple(prompt.shape)}")
-    gamma = C.scalar(gamma, "gamma", low=0, strict=False)
-    xi = C.scalar(xi, "xi", low=0)
+    prompt = C.array(prompt, "prompt", (None, None), desc="(L, d) (tokens)", min_rows=2)
+    # gamma and xi: checked (by name) by the DenoisingProblem built from them below
     weights, means = _em(prompt, jnp.asarray(gamma**2 + xi**2, prompt.dtype), n_iter)
     return DenoisingProblem(weights, means, jnp.asarray(gamma, prompt.dtype), jnp.asarray(xi, prompt.dtype))
 
@@ -1355,17 +1284,7 @@ def iterate(f: Callable, z0, n_steps: int):
         array of shape ``(n_steps + 1,) + z0.shape``: the whole trajectory, ``z0`` first.
     """
     n_steps = C.scalar(n_steps, "n_steps", low=0, integer=True)
-    C.check_callable(f, "f")
-    z0 = C.array(z0, "z0")
-    try:
-        out = jax.eval_shape(f, z0)
-    except ValueError:
-        raise
-    except Exception as exc:
-        raise ValueError(f"`f` could not be applied to `z0` of shape {z0.shape}: {exc}") from None
-    if getattr(out, "shape", None) != z0.shape or getattr(out, "dtype", None) != z0.dtype:
-        raise ValueError(f"`f` must map `z0` to an array of the same shape and dtype {z0.shape}, {z0.dtype}; got "
-                         f"{getattr(out, 'shape', type(out).__name__)}, {getattr(out, 'dtype', '')}")
+    z0 = C.array(z0, "z0")  # an f that changes the shape or dtype is refused by lax.scan (carry types differ)
 
     def step(z, _):
         z_next = f(z)
@@ -1389,8 +1308,8 @@ def separation(problem: DenoisingProblem):
     Returns:
         a scalar.
     """
-    if not isinstance(problem, DenoisingProblem) or problem.n_components != 2:
-        raise ValueError("`problem` must be a DenoisingProblem with M = 2 components")
+    if problem.n_components != 2:  # the first two of more means would pass silently
+        raise ValueError(f"`problem` must have M = 2 components; got M = {problem.n_components}")
     return jnp.linalg.norm(problem.means[0] - problem.means[1]) / (2 * problem.xi)
 
 
@@ -1417,10 +1336,7 @@ def tanh_fixed_point(lam):
     """
     from scipy.optimize import brentq
 
-    try:
-        raw = np.asarray(lam)
-    except Exception as exc:  # ragged sequences and the like
-        raise ValueError(f"`lam` must be a real number or array; got {type(lam).__name__} ({exc})") from None
+    raw = np.asarray(lam)
     if raw.dtype == object or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)
                                    or np.issubdtype(raw.dtype, np.bool_)):
         raise ValueError(f"`lam` must be a real number or array; got dtype {raw.dtype}")

@@ -26,7 +26,6 @@ from strategies import (
     Arg,
     arrays,
     assert_rejects,
-    bad_key,
     bad_positive_int,
     corrupt,
     empty_rows,
@@ -38,7 +37,7 @@ from strategies import (
 )
 
 import gmlib
-from gmlib import GaussianMixture, population_attention, softmax_attention
+from gmlib import population_attention, softmax_attention
 from gmlib import denoise as dn
 
 
@@ -143,10 +142,7 @@ def test_sample_draws_clean_points_and_independent_noise():
     # the same key gives the same draws, the noisy points follow `noisy` (its mean and covariance)
     np.testing.assert_array_equal(prob.sample(jax.random.key(0), 5)[1], prob.sample(jax.random.key(0), 5)[1])
     np.testing.assert_allclose(np.cov(np.asarray(z).T), np.asarray(prob.noisy.covariance()), atol=0.04)
-    with pytest.raises(ValueError, match="key"):
-        prob.sample(0, 10)
-    with pytest.raises(ValueError, match="`n`"):
-        prob.sample(jax.random.key(0), 0)
+    # (a bad key or size is refused by jax.random itself; n = 0 gives empty draws)
 
 
 # ----------------------------------------------------------------------------- head constructions
@@ -211,8 +207,6 @@ def test_constructions_reject_bad_problems():
         dn.two_head_bayes(dn.DenoisingProblem([0.2, 0.3, 0.5], [[1.0, 0], [0, 1.0], [-1.0, 0]], 1.0, 2.0))
     with pytest.raises(ValueError, match="d >= 2"):
         dn.two_head_bayes(dn.DenoisingProblem([0.5, 0.5], [[1.0], [-1.0]], 1.0, 2.0))
-    with pytest.raises(ValueError, match="problem"):
-        dn.two_head_bayes("not a problem")
 
 
 # ----------------------------------------------------------------------------- risks
@@ -355,8 +349,6 @@ def test_affine_gap_in_the_figure_2_setting_and_special_cases():
     np.testing.assert_allclose(b2, 0.0, atol=1e-14)
     np.testing.assert_allclose(A2, dn.linear_optimum(sym), atol=1e-14)
     assert float(dn.affine_gap(sym)) == pytest.approx(float(dn.linear_gap(sym)), abs=1e-14)
-    with pytest.raises(ValueError, match="problem"):
-        dn.affine_optimum("not a problem")
     # float32 follows the problem's dtype
     p32 = dn.DenoisingProblem(np.float32([0.5, 0.5]), np.float32([[3.0, 0.0], [0.0, 3.0]]), np.float32(1.0),
                               np.float32(2.0))
@@ -776,10 +768,6 @@ def test_tanh_fixed_point(lam):
 # ============================================================================ invalid inputs
 
 
-def _not_a_problem(_):
-    return st.sampled_from([None, "problem", GaussianMixture([1.0], [[0.0]], [[[1.0]]]), (0.5, 0.5)])
-
-
 OBJ = lambda *extra: Arg(rank=False, finite=False, dtype=False, extra=extra)  # noqa: E731
 
 
@@ -787,33 +775,30 @@ OBJ = lambda *extra: Arg(rank=False, finite=False, dtype=False, extra=extra)  # 
 @given(prob=problems(dtype=np.float64), data=st.data(),
        fn=st.sampled_from(["two_head_bayes", "single_head_bayes", "separation"]))
 def test_constructions_reject_invalid(prob, data, fn):
-    """Not a DenoisingProblem, M ≠ 2, d < 2 (two heads) or unequal norms: ValueError naming `problem`/`means`."""
-    if data.draw(st.booleans()):
-        bad = data.draw(_not_a_problem(None))
-    else:
-        m = _np(prob.means)
-        norms = np.linalg.norm(m, axis=1)
-        ok = prob.n_components == 2 and (fn == "separation" or (abs(norms[0] - norms[1]) < 1e-9 * max(norms.max(), 1)
-                                                               and (prob.dim >= 2 or fn != "two_head_bayes")))
-        assume(not ok)
-        bad = prob
+    """M ≠ 2, d < 2 (two heads) or unequal norms: ValueError naming `problem`/`means`.
+
+    (An object that is not a DenoisingProblem fails with Python's AttributeError: not checked.)"""
+    m = _np(prob.means)
+    norms = np.linalg.norm(m, axis=1)
+    ok = prob.n_components == 2 and (fn == "separation" or (abs(norms[0] - norms[1]) < 1e-9 * max(norms.max(), 1)
+                                                           and (prob.dim >= 2 or fn != "two_head_bayes")))
+    assume(not ok)
+    bad = prob
     assert_rejects(lambda: getattr(dn, fn)(bad), "problem", "means")
 
 
 @SETTINGS
 @given(prob=problems(dtype=np.float64), data=st.data())
 def test_linear_optimum_and_gap_reject_invalid(prob, data):
-    fn = data.draw(st.sampled_from(["linear_optimum", "linear_gap", "affine_optimum", "affine_gap"]))
-    args, spec = dict(problem=prob), {"problem": OBJ(_not_a_problem)}
-    if fn.endswith("_gap"):
-        args["n_nodes"], spec["n_nodes"] = 20, OBJ(lambda v: bad_positive_int(v).filter(lambda c: c is not None))
+    fn = data.draw(st.sampled_from(["linear_gap", "affine_gap"]))  # the optima take only `problem`
+    args = dict(problem=prob, n_nodes=20)
+    spec = {"n_nodes": OBJ(lambda v: bad_positive_int(v).filter(lambda c: c is not None))}
     name, bad = data.draw(corrupt(args, spec))
     assert_rejects(lambda: getattr(dn, fn)(**bad), name)
 
 
-def _bad_fn(_):
-    return st.sampled_from([3.0, "fn", None, lambda y: jnp.sum(y), lambda y: y[:1],
-                            lambda y: jnp.concatenate([y, y], axis=-1)])
+def _bad_fn(_):  # callables of a wrong output shape (a non-callable fails with Python's TypeError)
+    return st.sampled_from([lambda y: jnp.sum(y), lambda y: y[:1], lambda y: jnp.concatenate([y, y], axis=-1)])
 
 
 @SETTINGS
@@ -834,7 +819,7 @@ def test_excess_and_bayes_risk_reject_invalid(prob, data):
             return st.just(1)
 
         args.update(key=jax.random.key(0), n_samples=16)
-        spec.update(key=OBJ(bad_key), n_samples=OBJ(bad_positive_int, too_few))
+        spec.update(n_samples=OBJ(bad_positive_int, too_few))
     name, bad = data.draw(corrupt(args, spec))
     assert_rejects(lambda: prob.excess_risk(**bad), name)
 
@@ -845,16 +830,17 @@ def test_multi_head_attention_rejects_invalid(prob, data, finite):
     heads = [tuple(np.asarray(m) for m in h) for h in dn.two_head_bayes(prob)]
     prompt = np.asarray(prob.noisy.sample(jax.random.key(0), 8)[0]) if finite else prob.noisy
 
-    def bad_heads(h):
-        return st.sampled_from([[], [h[0][0]], [(h[0][0],)], [(h[0][0], h[0][1], h[0][1])], None, 3.0,
-                                [(h[0][0][:1], h[0][1])], [(h[0][0], h[0][1][:, :1])],
+    def bad_heads(h):  # (a non-sequence, or entries that are not pairs, fail in Python's unpacking)
+        return st.sampled_from([[], [(h[0][0][:1], h[0][1])], [(h[0][0], h[0][1][:, :1])],
                                 [(np.full_like(h[0][0], np.nan), h[0][1])], [(h[0][0], h[0][1].astype(complex))]])
 
     args = dict(prompt=prompt, queries=np.zeros((2, prob.dim)), heads=heads)
     spec = {"queries": Arg(fixed_axes=(1,)), "heads": OBJ(bad_heads),
             "prompt": Arg(extra=(empty_rows,)) if finite else OBJ(lambda _: st.sampled_from([None, "mu", 3.0]))}
     name, bad = data.draw(corrupt(args, spec))
-    assert_rejects(lambda: dn.multi_head_attention(**bad), name)
+    # the heads and the prompt are checked by the attention functions, under their names
+    also = {"heads": ("U", "V"), "prompt": ("tokens", "mixture")}.get(name, ())
+    assert_rejects(lambda: dn.multi_head_attention(**bad), name, *also)
 
 
 @SETTINGS
@@ -864,11 +850,7 @@ def test_in_context_denoise_rejects_invalid(prob, data, finite):
     params = dn.in_context_params(prob.gamma, prob.xi, d)
     prompt = np.asarray(prob.noisy.sample(jax.random.key(0), 8)[0]) if finite else prob.noisy
     leaves = {f"params.{k}": np.asarray(v) for k, v in zip(dn.InContextParams._fields, params)}
-    what = data.draw(st.sampled_from(["params", "leaf", "other"]))
-    if what == "params":
-        bad = data.draw(st.sampled_from([tuple(params), None, {"U1": params.U1}, "params"]))
-        assert_rejects(lambda: dn.in_context_denoise(bad, prompt, np.zeros((2, d))), "params")
-    elif what == "leaf":
+    if data.draw(st.booleans()):
         spec = {k: Arg(fixed_axes=(1,) if k.endswith("W_out") else (0, 1)) for k in leaves}
         name, bad = data.draw(corrupt(leaves, spec))
         p = dn.InContextParams(*(bad[f"params.{k}"] for k in dn.InContextParams._fields))
@@ -877,13 +859,15 @@ def test_in_context_denoise_rejects_invalid(prob, data, finite):
         spec = {"queries": Arg(fixed_axes=(1,)),
                 "prompt": Arg(extra=(empty_rows,)) if finite else OBJ(lambda _: st.sampled_from([None, "mu"]))}
         name, bad = data.draw(corrupt(dict(prompt=prompt, queries=np.zeros((2, d))), spec))
-        assert_rejects(lambda: dn.in_context_denoise(params, **bad), name)
+        # an empty prompt is refused by softmax_attention, naming its `tokens`
+        assert_rejects(lambda: dn.in_context_denoise(params, **bad), name, *(("tokens",) if name == "prompt" else ()))
 
 
 @SETTINGS
 @given(data=st.data(), shape=st.sampled_from([(2, 2), (3,)]))
 def test_iterate_rejects_invalid(data, shape):
-    spec = {"f": OBJ(_bad_fn), "z0": Arg(rank=False, dtype=True), "n_steps": OBJ(bad_positive_int)}
+    # (an f that changes the shape or dtype is refused by lax.scan: not checked again)
+    spec = {"z0": Arg(rank=False, dtype=True), "n_steps": OBJ(bad_positive_int)}
     name, bad = data.draw(corrupt(dict(f=jnp.tanh, z0=np.full(shape, 0.5), n_steps=3), spec))
     assert_rejects(lambda: dn.iterate(**bad), name)
 
@@ -891,8 +875,10 @@ def test_iterate_rejects_invalid(data, shape):
 @SETTINGS
 @given(data=st.data(), lam=st.sampled_from([np.float64(1.5), np.array([0.5, 2.0])]))
 def test_tanh_fixed_point_rejects_invalid(data, lam):
-    def not_real(_):  # (a float128 lam is merely rounded to float64: a host function, not refused)
-        return st.sampled_from(["2", None, [1.0, "a"], 1j, np.array([1.0 + 1j]), np.array(["1.5"]), [[1.0], [1.0, 2.0]]])
+    # (a float128 lam is merely rounded to float64: a host function, not refused; a ragged list
+    # is refused by numpy's own ValueError, "inhomogeneous shape")
+    def not_real(_):
+        return st.sampled_from(["2", None, [1.0, "a"], 1j, np.array([1.0 + 1j]), np.array(["1.5"])])
 
     spec = {"lam": Arg(rank=False, dtype=False, extra=(negative, not_real))}
     name, bad = data.draw(corrupt(dict(lam=lam), spec))

@@ -89,7 +89,7 @@ def test_full_covariance_laws_and_properties():
 
 def test_constructor_errors():
     w, m = [0.5, 0.5], [[1.0, 0.0], [0.0, 1.0]]
-    with pytest.raises(ValueError, match="`xi` is required"):
+    with pytest.raises(ValueError, match="`xi`"):
         dn.DenoisingProblem(w, m, 1.0)
     with pytest.raises(ValueError, match="exactly one of `gamma`.*both"):
         dn.DenoisingProblem(w, m, 1.0, 2.0, cov=np.eye(2))
@@ -120,8 +120,6 @@ def test_augment_arrays_and_mixtures():
     expected = np.zeros((2, 3, 3))
     expected[:, :2, :2] = mix.covs
     np.testing.assert_array_equal(aug.covs, expected)
-    with pytest.raises(ValueError, match="`prompt`"):
-        dn.augment(1.0)
 
 
 def test_constant_token_scores_gain_the_offsets():
