@@ -107,20 +107,11 @@ class LDAProblem:
         dtype = C.common_float_dtype(mean_pos, mean_neg, cov, p_pos)
         mean_pos = C.array(mean_pos, "mean_pos", (None,), dtype=dtype, desc="(d,)")
         d = mean_pos.shape[0]
-        if d == 0:
-            raise ValueError("`mean_pos` must have dimension d >= 1; got shape (0,)")
         mean_neg = C.array(mean_neg, "mean_neg", (d,), dtype=dtype, desc=f"(d,) = ({d},), the dimension of `mean_pos`")
         cov = C.array(cov, "cov", (d, d), dtype=dtype, desc=f"(d, d) = ({d}, {d})")
         p_pos = C.array(p_pos, "p_pos", (), dtype=dtype, desc="() (a scalar)")
-        C.check_psd(cov, "cov")
-        if C.is_concrete(cov):
-            a = np.asarray(cov, dtype=np.float64)
-            low = np.linalg.eigvalsh(a).min()
-            eps = 1e-5 if cov.dtype == jnp.float32 else 1e-12
-            if low <= eps * max(1.0, np.abs(a).max()):
-                raise ValueError(f"`cov` must be positive definite; its smallest eigenvalue is {low:.3g}")
-        if C.is_concrete(p_pos):
-            C.scalar(p_pos, "p_pos", low=0.0, high=1.0)
+        C.check_psd(cov, "cov", definite=True)
+        C.check_positive(p_pos, "p_pos", high=1.0)
         for name, val in (("mean_pos", mean_pos), ("mean_neg", mean_neg), ("cov", cov), ("p_pos", p_pos)):
             object.__setattr__(self, name, val)
 
@@ -205,8 +196,6 @@ class LDAProblem:
         Returns:
             ``(x, y)``: shapes (n, d) and (n,), with ``y`` in {-1.0, +1.0} (floating).
         """
-        n = C.scalar(n, "n", low=0, integer=True)
-        C.check_key(key)
         return _sample(self, key, n)
 
 
@@ -217,11 +206,6 @@ def _sample(problem, key, n):
     eps = jax.random.normal(k_x, (n, problem.dim), problem.dtype)
     means = jnp.where(y[:, None] > 0, problem.mean_pos[None, :], problem.mean_neg[None, :])
     return means + eps @ jnp.linalg.cholesky(problem.cov).T, y
-
-
-def _check_problem(problem):
-    if not isinstance(problem, LDAProblem):
-        raise ValueError(f"`problem` must be an LDAProblem; got {type(problem).__name__}")
 
 
 def _check_points(problem, x):
@@ -267,16 +251,13 @@ class HeadParams:
     @classmethod
     def zeros(cls, d: int, dtype=None) -> "HeadParams":
         """The origin :math:`\\theta = 0` in dimension ``d``."""
-        d = C.scalar(d, "d", low=0, integer=True)
         dtype = C.check_float_dtype(dtype)
         return cls(jnp.zeros((d, d), dtype), jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((), dtype))
 
     @classmethod
     def normal(cls, key, d: int, scale=1.0, dtype=None) -> "HeadParams":
         """Every entry i.i.d. :math:`\\mathcal N(0, \\mathrm{scale}^2)` (the initialization of Figure 4)."""
-        d = C.scalar(d, "d", low=0, integer=True)
         dtype = C.check_float_dtype(dtype)
-        C.check_key(key)
         scale = C.array(scale, "scale", (), dtype=dtype, desc="() (a scalar)")
         k = jax.random.split(key, 4)
         shapes = ((d, d), (d,), (d,), ())
@@ -285,15 +266,8 @@ class HeadParams:
 
 def _check_theta(problem, theta, arg: str = "theta"):
     """Check the leaves of ``theta`` against ``problem.dim`` (or, with ``problem=None``, against U11's size)."""
-    if not isinstance(theta, HeadParams):
-        raise ValueError(f"`{arg}` must be a HeadParams; got {type(theta).__name__}")
-    if problem is None:
-        d = C.array(theta.U11, f"{arg}.U11", (None, None), desc="(d, d)", finite=False).shape[0]
-        where = f" for d = {d}, the size of `{arg}.U11`"
-    else:
-        d = problem.dim
-        where = f" for d = {d}"
-    leaves = [C.array(getattr(theta, name), f"{arg}.{name}", shape, desc=str(shape) + where)
+    d = (theta.U11.shape or (0,))[0] if problem is None else problem.dim  # HeadParams made the leaves arrays
+    leaves = [C.array(getattr(theta, name), f"{arg}.{name}", shape, desc=f"{shape} for d = {d}")
               for name, shape in (("U11", (d, d)), ("u12", (d,)), ("v21", (d,)), ("v22", ()))]
     return unchecked(HeadParams, *leaves)
 
@@ -363,7 +337,6 @@ def effective(problem, theta):
     Raises:
         ValueError: for a ``theta`` whose shapes do not match ``problem``, or non-finite values.
     """
-    _check_problem(problem)
     problem, theta = _cast(problem, _check_theta(problem, theta))
     return _effective(problem, theta)
 
@@ -391,7 +364,6 @@ def predict(problem, theta, x):
     Example:
         >>> predict(c1, bayes_head(c1, "theta1"), x)  # equals c1.bayes_score(x)
     """
-    _check_problem(problem)
     problem, theta = _cast(problem, _check_theta(problem, theta))
     x = _check_points(problem, x)
     return _predict(problem, theta, x)
@@ -584,7 +556,6 @@ def risk(problem, theta, n_nodes: int = DEFAULT_NODES):
     Example:
         >>> risk(c1, bayes_head(c1, "theta2"))  # equals c1.bayes_risk() to ~1e-15
     """
-    _check_problem(problem)
     n_nodes = _check_nodes(n_nodes)
     problem, theta = _cast(problem, _check_theta(problem, theta))
     return _risk_jit(problem, theta, n_nodes)
@@ -613,7 +584,6 @@ def effective_risk(problem, w, b, r, s, n_nodes: int = DEFAULT_NODES):
     Raises:
         ValueError: for wrong shapes or non-finite values.
     """
-    _check_problem(problem)
     n_nodes = _check_nodes(n_nodes)
     d = problem.dim
     dtype = C.common_float_dtype(problem.mean_pos, w, b, r, s)
@@ -662,11 +632,7 @@ def bayes_head(problem, family: str = "theta1") -> HeadParams:
             no such point (:math:`\Theta_1` with :math:`s \ne 0` is empty when
             :math:`m_1 = -m_{-1}` and :math:`\pi_+ \ne 1/2`).
     """
-    _check_problem(problem)
-    if family not in ("theta1", "theta2"):
-        raise ValueError(f"`family` must be 'theta1' or 'theta2'; got {family!r}")
-    if not C.is_concrete(problem.mean_pos):
-        raise ValueError("`problem` must hold concrete values (bayes_head runs on the host, not under jit)")
+    C.check_choice(family, "family", ("theta1", "theta2"))
     m1, m0 = np.asarray(problem.mean_pos, np.float64), np.asarray(problem.mean_neg, np.float64)
     G, p = np.asarray(problem.cov, np.float64), float(problem.p_pos)
     d = m1.shape[0]
@@ -721,9 +687,7 @@ def bayes_head(problem, family: str = "theta1") -> HeadParams:
                 raise ValueError("`problem` has no point of Theta2 with r != 0 (r vanishes on all of Theta2)")
             v22 = (b_star - v21 @ mbar) / (2 * p - 1)
         else:
-            v21 = bias_direction(mbar, b_star)
-            if v21 is None:  # cannot happen: mbar = 0 forces b* = 0 at p = 1/2
-                raise ValueError("`problem` has no point of Theta2")
+            v21 = bias_direction(mbar, b_star)  # never None here: mbar = 0 forces b* = 0 at p = 1/2
             v22 = 0.5 * (1.0 - v21 @ dm)  # r = 1
         U11 = u11_for(v21)
         u12 = -0.5 * U11 @ dm
@@ -737,14 +701,8 @@ def bayes_head(problem, family: str = "theta1") -> HeadParams:
 
 
 def _check_training(problem, theta0, optimizer, n_steps, record_every, n_nodes):
-    _check_problem(problem)
     problem, theta0 = _cast(problem, _check_theta(problem, theta0, "theta0"))
-    if not isinstance(optimizer, optax.GradientTransformation):
-        raise ValueError(f"`optimizer` must be an optax.GradientTransformation; got {type(optimizer).__name__}")
-    n_steps = C.scalar(n_steps, "n_steps", low=0, integer=True)
-    record_every = C.scalar(record_every, "record_every", low=0, integer=True)
-    if n_steps % record_every:
-        raise ValueError(f"`n_steps` must be a multiple of `record_every` = {record_every}; got {n_steps}")
+    n_steps, record_every = C.check_steps(n_steps, record_every)
     return problem, theta0, n_steps // record_every, _check_nodes(n_nodes)
 
 
@@ -889,7 +847,6 @@ def sgd(
     """
     problem, theta0, n_records, n_nodes = _check_training(problem, theta0, optimizer, n_steps, record_every, n_nodes)
     batch_size = C.scalar(batch_size, "batch_size", low=0, integer=True)
-    C.check_key(key)
     step = partial(_sgd_block, optimizer=optimizer, batch_size=batch_size)
     return _train(step, problem, (theta0, optimizer.init(theta0), key), n_records, record_every, n_nodes,
                   chunk_records, progress, "SGD")
