@@ -47,10 +47,7 @@ def unchecked(cls, *leaves):
     validated (tracers). Example: ``unchecked(GaussianMixture, weights, means, covs)``.
     """
     fields = dataclasses.fields(cls)
-    if len(leaves) != len(fields):
-        raise TypeError(f"{cls.__name__} has {len(fields)} fields ({', '.join(f.name for f in fields)}); "
-                        f"got {len(leaves)} leaves")
     obj = object.__new__(cls)
-    for field, leaf in zip(fields, leaves):
+    for field, leaf in zip(fields, leaves, strict=True):
         object.__setattr__(obj, field.name, leaf)
     return obj

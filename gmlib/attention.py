@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
-from gmlib.mixture import GaussianMixture
 
 __all__ = [
     "softmax_attention",
@@ -47,17 +46,12 @@ def _check_head(queries, U, V, dim: int, dtype):
 
 def _check_prompt(tokens, queries, U, V):
     dtype = C.common_float_dtype(tokens, queries, U, V)
-    tokens = C.array(tokens, "tokens", (None, None), dtype=dtype, finite=False, desc="(L, D)")
-    if tokens.shape[0] == 0:
-        raise ValueError("`tokens` must hold at least one token (an empty prompt has no attention); got shape "
-                         f"{tuple(tokens.shape)}")
+    tokens = C.array(tokens, "tokens", (None, None), dtype=dtype, finite=False, desc="(L, D)", min_rows=1)
     queries, U, V = _check_head(queries, U, V, tokens.shape[1], dtype)
     return tokens, queries, U, V
 
 
 def _check_mixture(mixture, queries, U, V=None):
-    if not isinstance(mixture, GaussianMixture):
-        raise ValueError(f"`mixture` must be a GaussianMixture; got {type(mixture).__name__}")
     dtype = C.common_float_dtype(mixture.means, queries, U, *(() if V is None else (V,)))
     mixture = mixture.astype(dtype)
     queries, U, V = _check_head(queries, U, jnp.zeros((1, mixture.dim), dtype) if V is None else V,

@@ -152,8 +152,6 @@ class GaussianMixture:
         std = C.array(std, "std", dtype=dtype)
         if std.ndim > 1 or (std.ndim == 1 and std.shape[0] != means.shape[0]):
             raise ValueError(f"`std` must be a scalar or have shape (M,) = ({means.shape[0]},); got {tuple(std.shape)}")
-        if C.is_concrete(std) and bool(jnp.any(std < 0)):
-            raise ValueError(f"`std` must be non-negative; got {std}")
         m, d = means.shape
         var = jnp.broadcast_to(std**2, (m,))
         covs = var[:, None, None] * jnp.eye(d, dtype=dtype)
@@ -207,8 +205,6 @@ class GaussianMixture:
         Returns:
             ``(points, labels)``: shapes (n, D) and (n,) (int32).
         """
-        n = C.scalar(n, "n", low=0, integer=True)
-        C.check_key(key, "key")
         return _sample(self, key, n)
 
     def _log_gaussians(self, z):

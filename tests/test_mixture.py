@@ -13,14 +13,11 @@ from strategies import (
     arrays,
     assert_rejects,
     asymmetric,
-    bad_key,
-    bad_positive_int,
     corrupt,
     floats,
     indefinite,
     keys,
     mixtures,
-    negative,
     negative_weights,
     relabel,
     singular_mixture,
@@ -131,7 +128,7 @@ def test_astype_casts_every_parameter():
 def test_unchecked_skips_validation_and_keeps_the_fields():
     mix = unchecked(GaussianMixture, jnp.ones(1), jnp.zeros((1, 2)), -jnp.eye(2)[None])  # not PSD: not checked
     assert mix.dim == 2 and float(mix.covs[0, 0, 0]) == -1.0
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError):  # zip(..., strict=True)
         unchecked(GaussianMixture, jnp.ones(1), jnp.zeros((1, 2)))  # a field missing
 
 
@@ -320,15 +317,6 @@ def test_density_methods_reject_invalid(mix, data):
 
 @SETTINGS
 @given(mix=mixtures(dtype=np.float64), data=st.data())
-def test_sample_rejects_invalid(mix, data):
-    spec = {"key": Arg(rank=False, finite=False, dtype=False, extra=(bad_key,)),
-            "n": Arg(rank=False, finite=False, dtype=False, extra=(bad_positive_int,))}
-    name, bad = data.draw(corrupt(dict(key=jax.random.key(0), n=3), spec))
-    assert_rejects(lambda: mix.sample(bad["key"], bad["n"]), name)
-
-
-@SETTINGS
-@given(mix=mixtures(dtype=np.float64), data=st.data())
 def test_add_noise_rejects_invalid(mix, data):
     name, bad = data.draw(corrupt(dict(xi=np.float64(0.5)), {"xi": Arg()}))
     assert_rejects(lambda: mix.add_noise(bad["xi"]), name)
@@ -340,7 +328,8 @@ def test_isotropic_rejects_invalid(mix, data):
     def more_axes(a):  # a scalar std is legitimate, so only extra axes are wrong
         return st.sampled_from([np.asarray(a)[None], np.asarray(a)[..., None]])
 
-    spec = {"std": Arg(rank=False, fixed_axes=(0,), extra=(negative, more_axes)), "means": Arg(fixed_axes=(0,))}
+    # (a negative std gives the same covariance std^2 I: not refused)
+    spec = {"std": Arg(rank=False, fixed_axes=(0,), extra=(more_axes,)), "means": Arg(fixed_axes=(0,))}
     args = dict(weights=np.asarray(mix.weights), means=np.asarray(mix.means), std=np.full(mix.n_components, 0.5))
     name, bad = data.draw(corrupt(args, spec))
     # a wrong number of means disagrees with the weights and the per-component std too
