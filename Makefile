@@ -9,6 +9,11 @@ STAMP  := $(VENV)/.installed
 TOOLS  := $(VENV)/tools
 NOTEBOOKS := $(sort $(wildcard book/[0-9][0-9]_*.ipynb)) book/template.ipynb
 export JAX_PLATFORMS ?= cpu
+# XLA's compilation dominates most chapters' and tests' time: compiled programs are kept on
+# disk and reused by the next process that compiles the same program (the second execution of
+# `make test`, a rebuild, chapters sharing programs). Delete .jax_cache to start cold.
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.2
 export PYTHONHASHSEED := 0
 
 .PHONY: book test unit nbval strict bench site-check repro twins format tools clean help
@@ -90,4 +95,4 @@ format: $(STAMP)
 	$(MAKE) --no-print-directory twins
 
 clean:
-	rm -rf _build
+	rm -rf _build .jax_cache
