@@ -22,7 +22,6 @@ __all__ = [
     "common_float_dtype",
     "is_concrete",
     "check_weights",
-    "check_positive",
     "check_psd",
     "check_choice",
     "check_steps",
@@ -83,7 +82,7 @@ def _all_finite(x):
 
 
 def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, finite: bool = True,
-          min_rows: int = 0):
+          min_rows: int = 0, low=None, high=None, strict: bool = True, why: str = ""):
     """Convert ``x`` to a floating JAX array and check its shape and finiteness, in one call.
 
     Args:
@@ -97,6 +96,9 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
             abstract tracers under ``jit``): a numpy input is checked on the host before it
             is copied, a JAX array with one fused reduction (one scalar comes back).
         min_rows: the least size of the first axis (e.g. 1: at least one token).
+        low, high, strict: bounds on every entry, as in :func:`scalar` (checked on
+            concrete values); ``why`` is appended to their message (e.g. " (a standard
+            deviation)").
 
     Returns:
         a JAX array.
@@ -139,6 +141,8 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
             ok = bool(_all_finite(x))
         if not ok:
             raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
+    if (low is not None or high is not None) and not traced:
+        _bounds(x, name, low, high, strict, why)
     return x
 
 
@@ -297,19 +301,12 @@ def check_weights(weights, name: str = "weights", *, positive: bool = False) -> 
         raise ValueError(f"`{name}` must sum to one; got sum {w.sum():.12g}")
 
 
-def check_positive(x, name: str, *, strict: bool = True, high=None, why: str = "") -> None:
-    """Raise unless every entry of a concrete array ``x`` is positive (``strict=False``: non-negative).
-
-    ``high``: also below ``high`` (strictly with ``strict``), e.g. a probability in (0, 1).
-    ``why`` is appended to the message (e.g. "a standard deviation"). Tracers are skipped.
-    """
-    if not is_concrete(x):
-        return
+def _bounds(x, name: str, low, high, strict: bool, why: str) -> None:
+    """Raise unless every entry of the concrete array ``x`` lies within the bounds (open with ``strict``)."""
     a = np.asarray(x)
-    if np.any(a <= 0 if strict else a < 0) or (high is not None and np.any(a >= high if strict else a > high)):
-        bounds = ("positive" if strict else "non-negative") if high is None else \
-            f"in {'(' if strict else '['}0, {high}{')' if strict else ']'}"
-        raise ValueError(f"`{name}` must be {bounds}{why}; got {a}")
+    below = low is not None and np.any(a <= low if strict else a < low)
+    if below or (high is not None and np.any(a >= high if strict else a > high)):
+        raise ValueError(f"`{name}` must be {_scalar_wanted(low, high, strict, False)}{why}; got {a}")
 
 
 def check_psd(mats, name: str, *, definite: bool = False) -> None:

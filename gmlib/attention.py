@@ -35,28 +35,19 @@ __all__ = [
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_head(queries, U, V, dim: int, dtype):
-    """Convert queries (n, D), U (D, D) and V (D_out, D), shapes against the token dimension D."""
+def _check_args(prompt, queries, U, V=None, *, population: bool = False):
+    """Convert the prompt (tokens (L, D), or a GaussianMixture with ``population``), queries (n, D),
+    U (D, D) and V (D_out, D) (optional) to one floating dtype; shapes against the token dimension D."""
+    dtype = C.common_float_dtype(prompt.means if population else prompt, queries, U, *(() if V is None else (V,)))
+    prompt = prompt.astype(dtype) if population else C.array(prompt, "tokens", (None, None), dtype=dtype,
+                                                               finite=False, desc="(L, D)", min_rows=1)
+    dim = prompt.dim if population else prompt.shape[1]
     queries = C.array(queries, "queries", (None, dim), dtype=dtype, finite=False,
                       desc=f"(n, D) with D = {dim} (the token dimension)")
     U = C.array(U, "U", (dim, dim), dtype=dtype, finite=False, desc=f"(D, D) = ({dim}, {dim}) (the token dimension)")
-    V = C.array(V, "V", (None, dim), dtype=dtype, finite=False, desc=f"(D_out, D) with D = {dim} (the token dimension)")
-    return queries, U, V
-
-
-def _check_prompt(tokens, queries, U, V):
-    dtype = C.common_float_dtype(tokens, queries, U, V)
-    tokens = C.array(tokens, "tokens", (None, None), dtype=dtype, finite=False, desc="(L, D)", min_rows=1)
-    queries, U, V = _check_head(queries, U, V, tokens.shape[1], dtype)
-    return tokens, queries, U, V
-
-
-def _check_mixture(mixture, queries, U, V=None):
-    dtype = C.common_float_dtype(mixture.means, queries, U, *(() if V is None else (V,)))
-    mixture = mixture.astype(dtype)
-    queries, U, V = _check_head(queries, U, jnp.zeros((1, mixture.dim), dtype) if V is None else V,
-                                mixture.dim, dtype)
-    return mixture, queries, U, V
+    V = V if V is None else C.array(V, "V", (None, dim), dtype=dtype, finite=False,
+                                    desc=f"(D_out, D) with D = {dim} (the token dimension)")
+    return prompt, queries, U, V
 
 
 # ----------------------------------------------------------------------------- finite prompts
@@ -111,7 +102,7 @@ def softmax_attention(tokens, queries, U, V, *, block_size=None):
     if not (auto or block_size is None or (isinstance(block_size, (int, np.integer))
                                            and not isinstance(block_size, bool) and block_size > 0)):
         raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
-    tokens, queries, U, V = _check_prompt(tokens, queries, U, V)
+    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     if auto:
         block_size = _auto_block_size(queries.shape[0], tokens.shape[0])
     if block_size is None or block_size >= tokens.shape[0]:
@@ -228,7 +219,7 @@ def linear_attention(tokens, queries, U, V):
     Raises:
         ValueError: as :func:`softmax_attention`.
     """
-    tokens, queries, U, V = _check_prompt(tokens, queries, U, V)
+    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     return _linear(queries, tokens, U, V)
 
 
@@ -270,7 +261,7 @@ def gates(mixture, queries, U):
     Raises:
         ValueError: as :func:`population_attention`.
     """
-    mixture, queries, U, _ = _check_mixture(mixture, queries, U)
+    mixture, queries, U, _ = _check_args(mixture, queries, U, population=True)
     return _gates(mixture, queries, U)
 
 
@@ -314,10 +305,10 @@ def population_attention(mixture, queries, U, V):
         array (n, D_out).
 
     Raises:
-        ValueError: if ``mixture`` is not a :class:`GaussianMixture`, or for
-            shapes that do not match its dimension, or non-finite values.
+        ValueError: for shapes that do not match the mixture's dimension, or
+            non-finite values.
     """
-    mixture, queries, U, V = _check_mixture(mixture, queries, U, V)
+    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
     return _population(mixture, queries, U, V)
 
 
@@ -350,7 +341,7 @@ def population_linear_attention(mixture, queries, U, V):
     Raises:
         ValueError: as :func:`population_attention`.
     """
-    mixture, queries, U, V = _check_mixture(mixture, queries, U, V)
+    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
     return _population_linear(mixture, queries, U, V)
 
 

@@ -159,15 +159,15 @@ class DenoisingProblem:
         m = weights.shape[0]
         means = C.array(means, "means", (m, None), dtype=dtype, desc=f"(M, d) with M = {m}")
         d = means.shape[1]
-        xi = C.array(xi, "xi", (), dtype=dtype, desc="() (a scalar)")
+        xi = C.array(xi, "xi", (), dtype=dtype, desc="() (a scalar)", low=0,
+                     why=" (no noise, nothing to denoise)")
         if cov is None:
-            gamma = C.array(gamma, "gamma", (), dtype=dtype, desc="() (a scalar)")
-            C.check_positive(gamma, "gamma", strict=False, why=" (a standard deviation)")
+            gamma = C.array(gamma, "gamma", (), dtype=dtype, desc="() (a scalar)", low=0, strict=False,
+                            why=" (a standard deviation)")
         else:
             cov = C.array(cov, "cov", (d, d), dtype=dtype, desc=f"(d, d) = ({d}, {d})")
             C.check_psd(cov, "cov")
         C.check_weights(weights, positive=True)  # every component present
-        C.check_positive(xi, "xi", why=" (no noise, nothing to denoise)")
         if C.is_concrete(means) and len(np.unique(np.asarray(means), axis=0)) < m:
             raise ValueError(f"`means` must be pairwise distinct; got equal rows in {np.asarray(means)}")
         for name, value in (("weights", weights), ("means", means), ("gamma", gamma), ("xi", xi), ("cov", cov)):
@@ -287,9 +287,6 @@ class DenoisingProblem:
             :math:`Z = X + \xi\varepsilon` with :math:`\varepsilon \sim \mathcal N(0, I_d)`
             independent of :math:`X` (so :math:`Z` follows :attr:`noisy`).
 
-        Raises:
-            ValueError: naming ``key`` (not one ``jax.random`` key) or ``n``.
-
         Example:
             >>> x, z = prob.sample(jax.random.key(0), 1000)
         """
@@ -330,7 +327,7 @@ class DenoisingProblem:
             ValueError: for an unknown ``method``, a missing ``key`` with Monte Carlo,
                 or an ``f`` whose output shape is not (n, d); and what
                 :func:`~gmlib.mixture_expectation` / :func:`~gmlib.monte_carlo_expectation`
-                raise (naming ``n_nodes``, ``key``, ``n_samples``).
+                raise (naming ``n_nodes``, ``n_samples``).
 
         Example:
             >>> A = linear_optimum(prob)
@@ -542,10 +539,11 @@ def two_head_bayes(problem: DenoisingProblem, constant_token: bool = False):
         >>> heads = two_head_bayes(prob, constant_token=True)
         >>> multi_head_attention(augment(prob.noisy), augment(z), heads)[:, :-1]  # too
     """
-    if constant_token or not problem.isotropic:  # multi_head_bayes's construction, with two heads
-        _check_pair(problem, "the two-head construction (multi_head_bayes handles more)", general=True)
+    general = bool(constant_token) or not problem.isotropic  # multi_head_bayes's construction, two heads
+    _check_pair(problem, "the two-head construction" + (" (multi_head_bayes handles more)" if general else ""),
+                general=general)
+    if general:
         return multi_head_bayes(problem, constant_token=bool(constant_token), n_heads=2)
-    _check_pair(problem, "the two-head construction")
     (U1, V1), (U2, V2) = _two_heads(problem)
     return [(U1, V1), (U2, V2)]
 
@@ -705,7 +703,7 @@ def augment(prompt):
         means = jnp.concatenate([prompt.means, jnp.ones((m, 1), prompt.dtype)], axis=1)
         covs = jnp.zeros((m, d + 1, d + 1), prompt.dtype).at[:, :d, :d].set(prompt.covs)
         return unchecked(GaussianMixture, prompt.weights, means, covs)
-    x = C.array(prompt, "prompt")
+    x = jnp.asarray(prompt)  # its values are checked by the attention that reads it
     return jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], axis=-1)
 
 
@@ -953,13 +951,6 @@ def multi_head_attention(prompt, queries, heads, *, block_size=None):
     return sum(_attend(prompt, queries, U, V, block_size) for U, V in heads)
 
 
-def _check_prompt(prompt) -> int:
-    """The token dimension D of a prompt (a GaussianMixture or tokens (L, D)), after validating it."""
-    if isinstance(prompt, GaussianMixture):
-        return prompt.dim
-    return C.array(prompt, "prompt", (None, None), desc="(L, D) (tokens), or a GaussianMixture").shape[1]
-
-
 def _attend(prompt, queries, U, V, block_size):
     if isinstance(prompt, GaussianMixture):
         return population_attention(prompt, queries, U, V)
@@ -1013,9 +1004,6 @@ def affine_optimum(problem: DenoisingProblem):
 
     Returns:
         ``(A, b)``: shapes (d, d) and (d,).
-
-    Raises:
-        ValueError: if ``problem`` is not a :class:`DenoisingProblem`.
 
     Example:
         >>> A, b = affine_optimum(prob)
@@ -1189,9 +1177,11 @@ def in_context_denoise(params: InContextParams, prompt, queries, *, block_size=N
     Returns:
         array (n, d).
     """
-    d = _check_prompt(prompt)
-    leaves = [prompt.means] if isinstance(prompt, GaussianMixture) else [prompt]
-    dtype = C.common_float_dtype(*leaves, queries, *params)
+    population = isinstance(prompt, GaussianMixture)
+    if not population:
+        prompt = C.array(prompt, "prompt", (None, None), desc="(L, d) (tokens), or a GaussianMixture")
+    d = prompt.dim if population else prompt.shape[1]
+    dtype = C.common_float_dtype(prompt.means if population else prompt, queries, *params)
     queries = C.array(queries, "queries", (None, d), dtype=dtype,
                       desc=f"(n, d) with d = {d} (the token dimension)")
     checked = {}
@@ -1336,13 +1326,10 @@ def tanh_fixed_point(lam):
     """
     from scipy.optimize import brentq
 
-    raw = np.asarray(lam)
-    if raw.dtype == object or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)
-                                   or np.issubdtype(raw.dtype, np.bool_)):
-        raise ValueError(f"`lam` must be a real number or array; got dtype {raw.dtype}")
-    lam = raw.astype(np.float64)
-    if not np.all(np.isfinite(lam)) or np.any(lam < 0):
-        raise ValueError(f"`lam` must be finite and non-negative; got {lam}")
+    lam = np.asarray(lam)
+    if lam.dtype.kind not in "biuf" or not np.all(np.isfinite(lam)) or np.any(lam < 0):
+        raise ValueError(f"`lam` must be a finite non-negative real number or array; got {lam!r}")
+    lam = lam.astype(np.float64)
 
     def root(l2):
         def g(u):

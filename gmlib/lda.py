@@ -109,9 +109,8 @@ class LDAProblem:
         d = mean_pos.shape[0]
         mean_neg = C.array(mean_neg, "mean_neg", (d,), dtype=dtype, desc=f"(d,) = ({d},), the dimension of `mean_pos`")
         cov = C.array(cov, "cov", (d, d), dtype=dtype, desc=f"(d, d) = ({d}, {d})")
-        p_pos = C.array(p_pos, "p_pos", (), dtype=dtype, desc="() (a scalar)")
+        p_pos = C.array(p_pos, "p_pos", (), dtype=dtype, desc="() (a scalar)", low=0, high=1)
         C.check_psd(cov, "cov", definite=True)
-        C.check_positive(p_pos, "p_pos", high=1.0)
         for name, val in (("mean_pos", mean_pos), ("mean_neg", mean_neg), ("cov", cov), ("p_pos", p_pos)):
             object.__setattr__(self, name, val)
 
@@ -210,10 +209,6 @@ def _sample(problem, key, n):
 
 def _check_points(problem, x):
     return C.array(x, "x", (None, problem.dim), dtype=problem.dtype, desc=f"(n, d) with d = {problem.dim}")
-
-
-def _check_nodes(n_nodes):
-    return C.scalar(n_nodes, "n_nodes", low=0, integer=True)
 
 
 # ----------------------------------------------------------------------------- head parameters
@@ -556,7 +551,7 @@ def risk(problem, theta, n_nodes: int = DEFAULT_NODES):
     Example:
         >>> risk(c1, bayes_head(c1, "theta2"))  # equals c1.bayes_risk() to ~1e-15
     """
-    n_nodes = _check_nodes(n_nodes)
+    n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
     problem, theta = _cast(problem, _check_theta(problem, theta))
     return _risk_jit(problem, theta, n_nodes)
 
@@ -584,7 +579,7 @@ def effective_risk(problem, w, b, r, s, n_nodes: int = DEFAULT_NODES):
     Raises:
         ValueError: for wrong shapes or non-finite values.
     """
-    n_nodes = _check_nodes(n_nodes)
+    n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
     d = problem.dim
     dtype = C.common_float_dtype(problem.mean_pos, w, b, r, s)
     args = [C.array(val, name, shape, dtype=dtype, desc=str(shape) + f" for d = {d}")
@@ -703,7 +698,7 @@ def bayes_head(problem, family: str = "theta1") -> HeadParams:
 def _check_training(problem, theta0, optimizer, n_steps, record_every, n_nodes):
     problem, theta0 = _cast(problem, _check_theta(problem, theta0, "theta0"))
     n_steps, record_every = C.check_steps(n_steps, record_every)
-    return problem, theta0, n_steps // record_every, _check_nodes(n_nodes)
+    return problem, theta0, n_steps // record_every, C.scalar(n_nodes, "n_nodes", low=0, integer=True)
 
 
 def _train(step, problem, state, n_records, record_every, n_nodes, chunk_records, progress, desc):
@@ -779,8 +774,7 @@ def gradient_descent(
         ``metric`` holds the population risk, ``trajectory`` the :class:`HeadParams`.
 
     Raises:
-        ValueError: naming the argument, for bad shapes, a non-optax optimizer or
-            non-positive counts.
+        ValueError: naming the argument, for bad shapes or non-positive counts.
 
     Example:
         >>> out = gradient_descent(c1, theta0, optax.sgd(1e-4), 10_000, record_every=100)

@@ -113,9 +113,8 @@ def mixture_expectation(mixture, fn, projection=None, n_nodes: int = 20):
         array of shape ``fn``'s trailing shape: the expectation.
 
     Raises:
-        ValueError: naming ``mixture`` (not a :class:`GaussianMixture`), ``projection``
-            (wrong shape, no rows, non-finite), ``fn`` (not callable, or its values do
-            not have the points as leading axis) or ``n_nodes``.
+        ValueError: naming ``projection`` (wrong shape, no rows, non-finite), ``fn``
+            (its values do not have the points as leading axis) or ``n_nodes``.
 
     Example:
         >>> mixture_expectation(mix, lambda y: y[:, 0] ** 2)  # E[X_1^2]
