@@ -128,7 +128,8 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
     target = dtype if dtype is not None else _float(dt, None)
     if dt != target:
         finite = finite and jnp.issubdtype(dt, jnp.inexact)
-        x = x.astype(target)
+        with jax.ensure_compile_time_eval():  # a concrete input stays concrete inside a jit
+            x = x.astype(target)
     if shape is not None:
         got = x.shape
         if len(got) != len(shape) or any(s is not None and s != t for s, t in zip(shape, got)):
@@ -141,7 +142,7 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
             ok = bool(_all_finite(x))
         if not ok:
             raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
-    if (low is not None or high is not None) and not traced:
+    if (low is not None or high is not None) and is_concrete(x):  # not a value staged into a jit
         _bounds(x, name, low, high, strict, why)
     return x
 

@@ -450,6 +450,22 @@ def test_problem_is_a_pytree_under_jit():
         prob.xi = 2.0  # frozen
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_problem_built_inside_jit_and_vmap(dtype):
+    """Built from Python or numpy scalars inside a jit (their dtype conversion is staged out) and
+    under vmap over tasks, as the chapters build one per prompt: the same denoiser as outside."""
+    means = np.array([[[1.0, 0.0], [0.0, 1.0]], [[2.0, 0.0], [0.0, -1.0]]], dtype)
+    weights = np.array([[0.3, 0.7], [0.5, 0.5]], dtype)
+    z = jnp.ones((3, 2), dtype)
+
+    def bayes(w, m):
+        return dn.DenoisingProblem(w, m, 0.5, np.float64(1.0)).bayes(z)
+
+    got = jax.jit(jax.vmap(bayes))(weights, means)
+    for b in range(2):
+        np.testing.assert_allclose(got[b], bayes(weights[b], means[b]), rtol=tol(dtype))
+
+
 # ============================================================================ properties of random valid inputs
 
 SHAPES = SHAPES["mixture"]  # (M, d)
