@@ -238,7 +238,7 @@ def _flat_risk(v, P, n_nodes):
 
 
 _GRAD = jax.jit(jax.grad(_flat_risk), static_argnums=2)
-_HESS = jax.jit(jax.hessian(_flat_risk), static_argnums=2)
+_HESS = jax.jit(jax.jacfwd(jax.jacfwd(_flat_risk)), static_argnums=2)  # jax.hessian's matrix, cheaper to compile
 
 
 @pytest.mark.parametrize("cfg,names", [(C1, ("zero", "theta2", "parallel")), (HALF, ("zero", "theta2"))])
