@@ -65,8 +65,11 @@ test: unit
 	$(MAKE) --no-print-directory strict
 	$(BIN)/python tests/reproducibility.py --jobs 2
 
+# Test files are spread over TEST_JOBS processes (pytest-xdist, a whole file per process: the
+# programs a file compiles are reused by its own tests); TEST_JOBS=0 runs them in this process.
+TEST_JOBS ?= 2
 unit: $(STAMP) $(TOOLS)/.installed
-	$(BIN)/python -m pytest tests -q -rs
+	$(BIN)/python -m pytest tests -q -rs $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 NB ?= $(NOTEBOOKS)
 nbval: $(STAMP)
