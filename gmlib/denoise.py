@@ -763,10 +763,11 @@ def heads_needed(problem: DenoisingProblem, *, constant_token: bool = True):
     produced: they are :math:`m_k^\top b + c` for some b, c exactly when the means lie on a
     common sphere of the metric :math:`S^{-1}` (always for affinely independent means;
     never for three collinear ones), and without the constant coordinate that sphere must
-    be centred at 0 (equal :math:`S^{-1}`-norms). For an
-    invertible R and means that span :math:`\mathbb R^d` this is also the fewest heads of
-    any construction whose heads all have the Bayes gates (the book's chapter 8 proves it:
-    each head adds a term of rank at most d − r to the linear part).
+    be centred at 0 (equal :math:`S^{-1}`-norms). It is the fewest heads of *this*
+    construction, not always of every construction with the Bayes gates: with the constant
+    coordinate the last column of the values absorbs a constant, and the book's chapter 8
+    shows a case (d = 3, M = 3, a turned Γ) where two such heads are exact while this
+    count is 3; there the necessary count is :math:`(h + 1)(d - r) \ge d`.
 
     Args:
         problem: a :class:`DenoisingProblem` (concrete values).
