@@ -207,16 +207,6 @@ def bad_positive_int(_):
     return st.sampled_from([0, -1, -7, 2.5, 3.0, True, "4", None, np.float64(2.0)])
 
 
-def not_a_mixture(mix):
-    return st.sampled_from([(mix.weights, mix.means, mix.covs), np.asarray(mix.means), None,
-                            {"weights": mix.weights}, "mixture"])
-
-
-def bad_key(_):
-    return st.sampled_from([0, 3.5, np.array([1.5, 2.0]), np.zeros(3, np.uint32), np.zeros((2, 2), np.uint32),
-                            jax.random.split(jax.random.key(0), 3), "key", None])
-
-
 def bad_fn(_):
     return st.sampled_from([3.0, "fn", None, lambda y: jnp.sum(y), lambda y: y[:1]])
 
