@@ -114,7 +114,8 @@ def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out
 
 
 def _check_params(params, dim: int, residual: bool, dtype):
-    U = C.array(params["U"], "params['U']", (None, dim, dim), dtype=dtype, desc=f"(H, D, D) with D = {dim}")
+    U = C.array(params["U"], "params['U']", (None, dim, dim), dtype=dtype, desc=f"(H, D, D) with D = {dim}",
+                min_rows=1)  # no heads would sum to a silent 0
     V = C.array(params["V"], "params['V']", (U.shape[0], None, dim), dtype=dtype,
                 desc=f"(H, D_v, D) = ({U.shape[0]}, D_v, {dim})")
     if residual and V.shape[1] != dim:

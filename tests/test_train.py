@@ -583,6 +583,13 @@ def test_init_heads_rejects_invalid(data):
     assert_rejects(lambda: train.init_heads(**bad), name)
 
 
+def test_apply_heads_needs_a_head():
+    """No heads would sum to a silent 0 (a residual model would return its queries)."""
+    empty = {"U": np.zeros((0, 2, 2)), "V": np.zeros((0, 2, 2))}
+    with pytest.raises(ValueError, match=r"`params\['U'\]` must hold at least 1 row"):
+        train.apply_heads(empty, np.ones((3, 2)), np.ones((1, 2)), residual=True)
+
+
 @SETTINGS
 @given(layer=head_layers(), data=st.data())
 def test_apply_heads_rejects_invalid(layer, data):
