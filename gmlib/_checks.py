@@ -49,12 +49,15 @@ def common_float_dtype(*arrays):
                 continue
             if dt == np.float64:  # Python floats are weak: they follow the other arguments
                 continue
-        try:
-            dt = np.dtype(dt)
-        except TypeError:  # e.g. a typed PRNG key: not floating
-            continue
-        if _is_float(dt) and dt.itemsize <= 8 and (best is None or dt.itemsize > best.itemsize):
+        elif not isinstance(dt, np.dtype):
+            try:
+                dt = np.dtype(dt)
+            except TypeError:  # e.g. a typed PRNG key: not floating
+                continue
+        if (dt.kind == "f" or _is_float(dt)) and dt.itemsize <= 8 and (best is None or dt.itemsize > best.itemsize):
             best = dt  # float128 is not: array() reports it
+    if best is not None and best.itemsize < 8:  # already canonical (only 64-bit types change)
+        return best
     return jax.dtypes.canonicalize_dtype(jnp.float64 if best is None else best)
 
 
@@ -107,11 +110,13 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
         ValueError: naming ``name``: non-numeric or complex input, a wrong shape,
             NaN or infinite entries.
     """
-    traced = isinstance(x, jax.core.Tracer)
     if isinstance(x, jax.Array):  # a JAX array or a tracer: no copy to the host
-        if x.dtype.kind != "f":
-            _real_dtype(x.dtype, name)
+        traced = isinstance(x, jax.core.Tracer)
+        dt = x.dtype
+        if dt is not dtype and dt.kind != "f":
+            _real_dtype(dt, name)
     else:
+        traced = False
         try:
             host = np.asarray(x)
         except Exception as exc:  # ragged lists and the like
@@ -124,16 +129,15 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
             raise ValueError(f"`{name}` must be finite; got NaN or infinite entries")
         finite = False
         x = jnp.asarray(host)
-    dt = x.dtype
-    target = dtype if dtype is not None else _float(dt, None)
-    if dt != target:
-        finite = finite and jnp.issubdtype(dt, jnp.inexact)
-        with jax.ensure_compile_time_eval():  # a concrete input stays concrete inside a jit
-            x = x.astype(target)
-    if shape is not None:
-        got = x.shape
-        if len(got) != len(shape) or any(s is not None and s != t for s, t in zip(shape, got)):
-            raise ValueError(f"`{name}` must have shape {desc or _describe(shape)}; got {tuple(got)}")
+        dt = x.dtype
+    if dt is not dtype:  # (numpy's built-in dtypes are singletons: the common case costs one test)
+        target = _float(dt, dtype)
+        if dt != target:
+            finite = finite and jnp.issubdtype(dt, jnp.inexact)
+            with jax.ensure_compile_time_eval():  # a concrete input stays concrete inside a jit
+                x = x.astype(target)
+    if shape is not None and not _matches(x.shape, shape):
+        raise ValueError(f"`{name}` must have shape {desc or _describe(shape)}; got {tuple(x.shape)}")
     if min_rows and (x.ndim == 0 or x.shape[0] < min_rows):
         raise ValueError(f"`{name}` must hold at least {min_rows} row{'s' if min_rows > 1 else ''} "
                          f"(first axis); got shape {tuple(x.shape)}")
@@ -145,6 +149,16 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
     if (low is not None or high is not None) and is_concrete(x):  # not a value staged into a jit
         _bounds(x, name, low, high, strict, why)
     return x
+
+
+def _matches(got, shape) -> bool:
+    """Whether shape ``got`` matches ``shape`` (whose ``None`` entries match any size)."""
+    if len(got) != len(shape):
+        return False
+    for s, t in zip(shape, got):
+        if s is not None and s != t:
+            return False
+    return True
 
 
 def _finite_all(x):
