@@ -15,6 +15,8 @@ export JAX_PLATFORMS ?= cpu
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.2
 export PYTHONHASHSEED := 0
+# Chapters executed at once (tests/execute_chapters.py, tests/reproducibility.py): one kernel each.
+EXEC_JOBS ?= 2
 
 .PHONY: book test unit nbval strict bench site-check repro twins format tools clean help
 
@@ -44,6 +46,7 @@ _build/.gmlib-stamp: $(wildcard gmlib/*.py)
 	mkdir -p _build && touch $@
 
 book: $(STAMP) _build/.gmlib-stamp
+	$(BIN)/python tests/execute_chapters.py --jobs $(EXEC_JOBS)
 	$(BIN)/jupyter-book build . --builder html
 	@echo ""
 	@echo "The book is at: file://$(CURDIR)/_build/html/index.html"
@@ -59,11 +62,11 @@ $(TOOLS)/.installed: | $(STAMP)
 
 tools: $(TOOLS)/.installed
 
-# Every chapter is executed once, by the strict build (its asserts fail the build), and once
+# Every chapter is executed once for the strict build (its asserts fail the build), and once
 # more by the reproducibility check, which compares the two executions' text outputs.
 test: unit
 	$(MAKE) --no-print-directory strict
-	$(BIN)/python tests/reproducibility.py --jobs 2
+	$(BIN)/python tests/reproducibility.py --jobs $(EXEC_JOBS)
 
 # Test files are spread over TEST_JOBS processes (pytest-xdist, a whole file per process: the
 # programs a file compiles are reused by its own tests); TEST_JOBS=0 runs them in this process.
@@ -75,8 +78,11 @@ NB ?= $(NOTEBOOKS)
 nbval: $(STAMP)
 	$(BIN)/python -m pytest $(NB) --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -q
 
+# The chapters are executed EXEC_JOBS at a time into the build's jupyter-cache (a failing
+# chapter stops here, with its traceback); the build then reads every chapter from the cache.
 strict: $(STAMP)
 	rm -rf _build
+	$(BIN)/python tests/execute_chapters.py --jobs $(EXEC_JOBS)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
 
 bench: $(STAMP)
@@ -86,7 +92,7 @@ site-check: $(STAMP)
 	$(BIN)/python tests/site_check.py
 
 repro: $(STAMP)
-	$(BIN)/python tests/reproducibility.py --jobs 2
+	$(BIN)/python tests/reproducibility.py --jobs $(EXEC_JOBS)
 
 twins: $(STAMP)
 	for md in book/[0-9][0-9]_*.md book/template.md; do \

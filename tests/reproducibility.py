@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 import nbformat
 from nbclient import NotebookClient
 
+from execute_chapters import chapters
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build" / "jupyter_execute" / "book"
 
@@ -115,7 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--hashseed", default="12345", help="PYTHONHASHSEED of the re-execution")
     parser.add_argument("--jobs", type=int, default=1, help="chapters executed at once (one kernel each)")
     args = parser.parse_args(argv)
-    notebooks = [p.resolve() for p in args.notebooks] or sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = [p.resolve() for p in args.notebooks] or chapters()
 
     def one(nb):
         start = time.time()
