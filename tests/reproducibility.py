@@ -1,9 +1,10 @@
 """Reproducible book: executing a chapter twice gives the same text outputs.
 
-The strict book build (``make strict``) leaves one execution of every chapter in
-``_build/jupyter_execute/book/<name>.ipynb``. This script executes each chapter notebook
+The strict book build (``make strict``) leaves one execution of every chapter in its
+jupyter-cache (``_build/.jupyter_cache``, filled by ``tests/execute_chapters.py``, or by the
+build itself for a chapter it had to execute). This script executes each chapter notebook
 (``book/[0-9][0-9]_*.ipynb``) once more with nbclient and compares the text outputs cell by
-cell with that copy: stdout/stderr streams and ``text/plain`` results. It ignores what is
+cell with that execution: stdout/stderr streams and ``text/plain`` results. It ignores what is
 not text (images), figure reprs (``<Figure size 640x480 with 1 Axes>``), memory addresses
 (``0x7f...``) and tqdm progress bars (their rates and times are wall-clock), and fails on
 anything else that differs. The second execution runs with a different PYTHONHASHSEED
@@ -30,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 import nbformat
 from nbclient import NotebookClient
 
-from execute_chapters import chapters
+from execute_chapters import CACHE, chapters
+from jupyter_cache import get_cache
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BUILD = ROOT / "_build" / "jupyter_execute" / "book"
 
 _FIGURE = re.compile(r"^<(Figure|matplotlib\.[\w.]+|Axes[\w]*)[^>]*>$")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -85,11 +86,12 @@ def execute(path: pathlib.Path, timeout: int, hashseed: str):
     return nb
 
 
-def compare(path: pathlib.Path, built_dir: pathlib.Path, timeout: int, hashseed: str) -> list[str]:
-    built_path = built_dir / path.name
-    if not built_path.exists():
-        return [f"{path.name}: no built copy at {built_path} (run the book build first)"]
-    built = text_outputs(nbformat.read(built_path, as_version=4))
+def compare(path: pathlib.Path, cache_dir: pathlib.Path, timeout: int, hashseed: str) -> list[str]:
+    try:  # the build's execution: the cached outputs merged into the notebook, as the build reads them
+        built_nb = get_cache(str(cache_dir)).merge_match_into_notebook(nbformat.read(path, as_version=4))[1]
+    except KeyError:
+        return [f"{path.name}: no execution of this code in {cache_dir} (run `make strict` first)"]
+    built = text_outputs(built_nb)
     again = text_outputs(execute(path, timeout, hashseed))
     problems = []
     for outputs, which in ((built, "build"), (again, "re-execution")):
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path,
                         help="chapter notebooks (default: book/[0-9][0-9]_*.ipynb)")
-    parser.add_argument("--built", type=pathlib.Path, default=BUILD, help="the build's executed copies")
+    parser.add_argument("--cache", type=pathlib.Path, default=CACHE, help="the build's jupyter-cache")
     parser.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds")
     parser.add_argument("--hashseed", default="12345", help="PYTHONHASHSEED of the re-execution")
     parser.add_argument("--jobs", type=int, default=1, help="chapters executed at once (one kernel each)")
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
 
     def one(nb):
         start = time.time()
-        problems = compare(nb, args.built, args.timeout, args.hashseed)
+        problems = compare(nb, args.cache, args.timeout, args.hashseed)
         status = "reproduces" if not problems else f"{len(problems)} difference(s)"
         print(f"{nb.name}: {status} ({time.time() - start:.0f} s)", flush=True)
         return problems
