@@ -35,9 +35,32 @@ __all__ = [
 # ----------------------------------------------------------------------------- checks
 
 
+def _arrays(*args, names):
+    """Arrays a jitted kernel takes as they are (JAX arrays, tracers, real numpy arrays, None);
+    anything else (lists, numbers, complex or object arrays) converted or refused by :func:`C.array`.
+
+    The public functions pass their inputs through this, then to a kernel that begins with
+    :func:`_check_args`: shapes and dtypes are checked and cast while the kernel is traced,
+    once per combination of shapes and dtypes, so a repeated call costs one dispatch.
+    """
+    return tuple(a if _as_is(a) else C.array(a, name, finite=False) for a, name in zip(args, names))
+
+
+def _as_is(a) -> bool:
+    if a is None or isinstance(a, jax.Array):
+        return True
+    return isinstance(a, np.ndarray) and a.dtype.kind in "biuf" and a.dtype.itemsize <= 8
+
+
+def _rows(x) -> int:
+    """The size of the first axis (0 for a scalar, which :func:`_check_args` then reports)."""
+    return x.shape[0] if x.ndim else 0
+
+
 def _check_args(prompt, queries, U, V=None, *, population: bool = False):
     """Convert the prompt (tokens (L, D), or a GaussianMixture with ``population``), queries (n, D),
-    U (D, D) and V (D_out, D) (optional) to one floating dtype; shapes against the token dimension D."""
+    U (D, D) and V (D_out, D) (optional) to one floating dtype; shapes against the token dimension D.
+    Called at the top of every kernel, where it runs once per traced shape."""
     dtype = C.common_float_dtype(prompt.means if population else prompt, queries, U, *(() if V is None else (V,)))
     prompt = prompt.astype(dtype) if population else C.array(prompt, "tokens", (None, None), dtype=dtype,
                                                                finite=False, desc="(L, D)", min_rows=1)
@@ -102,12 +125,12 @@ def softmax_attention(tokens, queries, U, V, *, block_size=None):
     if not (auto or block_size is None or (isinstance(block_size, (int, np.integer))
                                            and not isinstance(block_size, bool) and block_size > 0)):
         raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
-    tokens, queries, U, V = _check_args(tokens, queries, U, V)
+    tokens, queries, U, V = _arrays(tokens, queries, U, V, names=("tokens", "queries", "U", "V"))
     if auto:
-        block_size = _auto_block_size(queries.shape[0], tokens.shape[0])
-    if block_size is None or block_size >= tokens.shape[0]:
+        block_size = _auto_block_size(_rows(queries), _rows(tokens))
+    if block_size is None or block_size >= _rows(tokens):
         return _softmax_dense(queries, tokens, U, V)
-    return _softmax_blocked(queries, tokens, U, V, block_size)
+    return _softmax_blocked(queries, tokens, U, V, int(block_size))
 
 
 def _values_at_end(n: int, D: int, D_out: int) -> bool:
@@ -142,6 +165,7 @@ _POPULATION = (None, "queries", "U", "V")  # the mixture was validated when it w
 
 @C.finite_kernel(*_PROMPT)
 def _softmax_dense(queries, tokens, U, V):
+    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     scores = (queries @ U.T) @ tokens.T  # (n, L): z_i^T U z
     weights = jax.nn.softmax(scores, axis=-1)
     if _values_at_end(*queries.shape, V.shape[0]):
@@ -172,6 +196,7 @@ def _softmax_blocked(queries, tokens, U, V, block_size: int):
     # fori_loop (no padded or reshaped copy of the (L, D) tokens, which at L = 2**23
     # would double the memory), the last partial block is one static slice. The
     # first block initialises the running statistics, so no -inf ever enters them.
+    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     n, D = queries.shape
     L = tokens.shape[0]
     B = min(block_size, L)
@@ -219,12 +244,12 @@ def linear_attention(tokens, queries, U, V):
     Raises:
         ValueError: as :func:`softmax_attention`.
     """
-    tokens, queries, U, V = _check_args(tokens, queries, U, V)
-    return _linear(queries, tokens, U, V)
+    return _linear(*_arrays(queries, tokens, U, V, names=("queries", "tokens", "U", "V")))
 
 
 @C.finite_kernel(*_PROMPT)
 def _linear(queries, tokens, U, V):
+    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     moment = tokens.T @ tokens / tokens.shape[0]
     return queries @ U.T @ moment @ V.T
 
@@ -261,8 +286,7 @@ def gates(mixture, queries, U):
     Raises:
         ValueError: as :func:`population_attention`.
     """
-    mixture, queries, U, _ = _check_args(mixture, queries, U, population=True)
-    return _gates(mixture, queries, U)
+    return _gates(mixture, *_arrays(queries, U, names=("queries", "U")))
 
 
 def _gate_logits(mixture, u):
@@ -272,6 +296,7 @@ def _gate_logits(mixture, u):
 
 @C.finite_kernel(None, "queries", "U")
 def _gates(mixture, queries, U):
+    mixture, queries, U, _ = _check_args(mixture, queries, U, population=True)
     u = queries @ U.T
     return jax.nn.softmax(_gate_logits(mixture, u), axis=-1)
 
@@ -308,12 +333,12 @@ def population_attention(mixture, queries, U, V):
         ValueError: for shapes that do not match the mixture's dimension, or
             non-finite values.
     """
-    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
-    return _population(mixture, queries, U, V)
+    return _population(mixture, *_arrays(queries, U, V, names=("queries", "U", "V")))
 
 
 @C.finite_kernel(*_POPULATION)
 def _population(mixture, queries, U, V):
+    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
     u = queries @ U.T
     alpha = jax.nn.softmax(_gate_logits(mixture, u), axis=-1)  # (n, M)
     experts = mixture.means[None, :, :] + jnp.einsum("kde,ne->nkd", mixture.covs, u)  # (n, M, D)
@@ -341,10 +366,10 @@ def population_linear_attention(mixture, queries, U, V):
     Raises:
         ValueError: as :func:`population_attention`.
     """
-    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
-    return _population_linear(mixture, queries, U, V)
+    return _population_linear(mixture, *_arrays(queries, U, V, names=("queries", "U", "V")))
 
 
 @C.finite_kernel(*_POPULATION)
 def _population_linear(mixture, queries, U, V):
+    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
     return queries @ U.T @ mixture.second_moment() @ V.T
