@@ -11,11 +11,9 @@ NOTEBOOKS := $(sort $(wildcard book/[0-9][0-9]_*.ipynb)) book/template.ipynb
 export JAX_PLATFORMS ?= cpu
 # XLA's compilation dominates most chapters' and tests' time: compiled programs are kept on
 # disk and reused by the next process that compiles the same program (the second execution of
-# `make test`, a rebuild, chapters sharing programs), the least recently used beyond 512 MiB
-# evicted. Delete .jax_cache to start cold.
+# `make test`, a rebuild, chapters sharing programs). Delete .jax_cache to start cold.
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.2
-export JAX_COMPILATION_CACHE_MAX_SIZE ?= 536870912
 export PYTHONHASHSEED := 0
 # Chapters executed at once (tests/execute_chapters.py, tests/reproducibility.py): one kernel each.
 EXEC_JOBS ?= 2
