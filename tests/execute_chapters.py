@@ -26,12 +26,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import nbformat
+import yaml
 from jupyter_cache import get_cache
 from jupyter_cache.base import CacheBundleIn
 from jupyter_cache.executors.utils import single_nb_execution
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CACHE = ROOT / "_build" / ".jupyter_cache"  # myst-nb's default for jupyter-book: <build dir>/.jupyter_cache
+TIMEOUT = yaml.safe_load((ROOT / "_config.yml").read_text())["execute"]["timeout"]  # the build's, per cell
 
 
 def chapters() -> list[pathlib.Path]:
@@ -51,7 +53,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path, help="default: every chapter")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="chapters executed at once")
-    parser.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds (_config.yml's)")
+    parser.add_argument("--timeout", type=int, default=TIMEOUT, help="per-cell timeout in seconds (_config.yml's)")
     parser.add_argument("--cache", type=pathlib.Path, default=CACHE, help="the jupyter-cache folder")
     args = parser.parse_args(argv)
     cache = get_cache(str(args.cache))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import jupytext
+import nbformat
 import pytest
 import yaml
 
@@ -216,3 +217,29 @@ def test_every_numref_has_a_target(nb):
     figures = {c.metadata.get("mystnb", {}).get("figure", {}).get("name") for c in jupytext.read(nb).cells}
     labels = set(re.findall(r"^\(([\w-]+)\)=$", text, flags=re.M)) | set(re.findall(r":(?:label|name): ([\w-]+)", text))
     assert refs <= figures | labels, f"{nb.name}: {{numref}} to missing targets {sorted(refs - figures - labels)}"
+
+
+def test_chapters_are_executed_into_the_cache_and_failures_reported(tmp_path, capsys):
+    """execute_chapters caches a notebook that runs (the build then matches it), not one that fails."""
+    import execute_chapters
+    from jupyter_cache import get_cache
+
+    def notebook(name, source):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)],
+                                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                               "language": "python"}})
+        nbformat.write(nb, tmp_path / name)
+        return tmp_path / name
+
+    good, bad = notebook("good.ipynb", "print(6 * 7)"), notebook("bad.ipynb", "assert 1 == 2, 'wrong'")
+    cache_dir = tmp_path / "cache"
+    assert execute_chapters.main([str(good), str(bad), "--jobs", "2", "--cache", str(cache_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "good.ipynb: executed" in out and "bad.ipynb: failed" in out and "AssertionError" in out
+    cache = get_cache(str(cache_dir))
+    cached = cache.merge_match_into_notebook(nbformat.read(good, as_version=4))[1]
+    assert cached.cells[0].outputs[0].text == "42\n"
+    with pytest.raises(KeyError):
+        cache.match_cache_notebook(nbformat.read(bad, as_version=4))
+    assert execute_chapters.main([str(good), "--cache", str(cache_dir)]) == 0  # matched: not executed again
+    assert "good.ipynb: in the cache already" in capsys.readouterr().out
