@@ -66,7 +66,7 @@ tools: $(TOOLS)/.installed
 # more by the reproducibility check, which compares the two executions' text outputs.
 test: unit
 	$(MAKE) --no-print-directory strict
-	$(BIN)/python tests/reproducibility.py --jobs $(EXEC_JOBS)
+	$(MAKE) --no-print-directory repro
 
 # Test files are spread over TEST_JOBS processes (pytest-xdist, a whole file per process: the
 # programs a file compiles are reused by its own tests); TEST_JOBS=0 runs them in this process.

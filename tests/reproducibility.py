@@ -29,10 +29,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
+from jupyter_cache import get_cache
 from nbclient import NotebookClient
 
 from execute_chapters import CACHE, chapters
-from jupyter_cache import get_cache
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
