@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
+from gmlib import _random
 from gmlib._pytree import unchecked, validated_pytree
 from gmlib.attention import population_attention, softmax_attention
 from gmlib.mixture import GaussianMixture, psd_sqrt
@@ -292,7 +293,7 @@ class DenoisingProblem:
         """
         k_x, k_eps = jax.random.split(key)
         x, _ = self.clean.sample(k_x, n)
-        return x, x + self.xi * jax.random.normal(k_eps, x.shape, self.dtype)
+        return x, x + self.xi * _random.normal(k_eps, x.shape, self.dtype)
 
     def excess_risk(self, f: Callable, *, method: str = "auto", n_nodes: int | None = None,
                     key=None, n_samples: int = 200_000, with_stderr: bool = False):

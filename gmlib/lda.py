@@ -49,6 +49,7 @@ import numpy as np
 import optax
 
 from gmlib import _checks as C
+from gmlib import _random
 from gmlib._loop import TrainResult, run_chunks
 from gmlib._pytree import unchecked, validated_pytree
 from gmlib.mixture import GaussianMixture
@@ -202,7 +203,7 @@ class LDAProblem:
 def _sample(problem, key, n):
     k_y, k_x = jax.random.split(key)
     y = jnp.where(jax.random.bernoulli(k_y, problem.p_pos, (n,)), 1.0, -1.0).astype(problem.dtype)
-    eps = jax.random.normal(k_x, (n, problem.dim), problem.dtype)
+    eps = _random.normal(k_x, (n, problem.dim), problem.dtype)
     means = jnp.where(y[:, None] > 0, problem.mean_pos[None, :], problem.mean_neg[None, :])
     return means + eps @ jnp.linalg.cholesky(problem.cov).T, y
 
@@ -256,7 +257,7 @@ class HeadParams:
         scale = C.array(scale, "scale", (), dtype=dtype, desc="() (a scalar)")
         k = jax.random.split(key, 4)
         shapes = ((d, d), (d,), (d,), ())
-        return cls(*(scale * jax.random.normal(kk, shape, dtype) for kk, shape in zip(k, shapes)))
+        return cls(*(scale * _random.normal(kk, shape, dtype) for kk, shape in zip(k, shapes)))
 
 
 def _check_theta(problem, theta, arg: str = "theta"):

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
+from gmlib import _random
 from gmlib._pytree import unchecked, validated_pytree
 
 __all__ = ["GaussianMixture", "psd_sqrt"]
@@ -270,8 +271,8 @@ class GaussianMixture:
 @partial(jax.jit, static_argnums=2)
 def _sample(mix: GaussianMixture, key, n: int):
     k_lab, k_eps = jax.random.split(key)
-    labels = jax.random.categorical(k_lab, jnp.log(mix.weights), shape=(n,))
-    eps = jax.random.normal(k_eps, (n, mix.dim), dtype=mix.dtype)
+    labels = _random.categorical(k_lab, jnp.log(mix.weights), n)
+    eps = _random.normal(k_eps, (n, mix.dim), mix.dtype)
     roots = _psd_sqrt(mix.covs)
     points = mix.means[labels] + jnp.einsum("nij,nj->ni", roots[labels], eps)
     return points, labels.astype(jnp.int32)

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from gmlib import _checks as C
+from gmlib import _random
 from gmlib._loop import TrainResult, run_chunks
 from gmlib.attention import linear_attention, population_attention, population_linear_attention, softmax_attention
 from gmlib.denoise import DenoisingProblem
@@ -104,11 +105,11 @@ def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out
     ku, kv, kw = jax.random.split(key, 3)
     factor = jnp.asarray(scale / np.sqrt(dim), dtype)  # in `dtype`: strict promotion
     params = {
-        "U": factor * jax.random.normal(ku, (n_heads, dim, dim), dtype),
-        "V": factor * jax.random.normal(kv, (n_heads, value_dim, dim), dtype),
+        "U": factor * _random.normal(ku, (n_heads, dim, dim), dtype),
+        "V": factor * _random.normal(kv, (n_heads, value_dim, dim), dtype),
     }
     if out_dim is not None:
-        params["W_out"] = (jax.random.normal(kw, (out_dim, n_heads * value_dim), dtype)
+        params["W_out"] = (_random.normal(kw, (out_dim, n_heads * value_dim), dtype)
                            * jnp.asarray(1 / np.sqrt(n_heads * value_dim), dtype))
     return params
 
@@ -230,16 +231,16 @@ def denoising_task_sampler(gamma: float, xi: float, dim: int, *, radius: float =
 
     def sample(key, batch_size: int, prompt_length: int) -> Batch:
         k_m, k_p, k_x = jax.random.split(key, 3)
-        dirs = jax.random.normal(k_m, (batch_size, 2, dim), dtype)
+        dirs = _random.normal(k_m, (batch_size, 2, dim), dtype)
         means = radius * dirs / jnp.linalg.norm(dirs, axis=-1, keepdims=True)
         p1 = jax.random.uniform(k_p, (batch_size,), dtype, minval=lo, maxval=hi)
         weights = jnp.stack([p1, 1 - p1], axis=-1)
         n = prompt_length + n_queries
         k_c, k_g, k_e = jax.random.split(k_x, 3)
-        labels = (jax.random.uniform(k_c, (batch_size, n), dtype) > p1[:, None]).astype(jnp.int32)
-        clean = jnp.take_along_axis(means, labels[..., None], axis=1) + gamma * jax.random.normal(
+        labels = (_random.uniform(k_c, (batch_size, n), dtype) > p1[:, None]).astype(jnp.int32)
+        clean = jnp.take_along_axis(means, labels[..., None], axis=1) + gamma * _random.normal(
             k_g, (batch_size, n, dim), dtype)
-        noisy = clean + xi * jax.random.normal(k_e, (batch_size, n, dim), dtype)
+        noisy = clean + xi * _random.normal(k_e, (batch_size, n, dim), dtype)
         return Batch(noisy[:, :prompt_length], noisy[:, prompt_length:], clean[:, prompt_length:],
                      (means, weights))
 
@@ -303,9 +304,9 @@ def classification_prompt_sampler(mean_pos, mean_neg, cov, p_pos: float, *, n_qu
     def sample(key, batch_size: int, prompt_length: int) -> Batch:
         k_y, k_x = jax.random.split(key)
         n = prompt_length + n_queries
-        y = jnp.where(jax.random.uniform(k_y, (batch_size, n)) < p_pos, 1.0, -1.0).astype(dtype)
+        y = jnp.where(_random.uniform(k_y, (batch_size, n), float) < p_pos, 1.0, -1.0).astype(dtype)
         centre = jnp.where(y[..., None] > 0, jnp.asarray(mean_pos, dtype), jnp.asarray(mean_neg, dtype))
-        x = centre + jax.random.normal(k_x, (batch_size, n, d), dtype) @ jnp.asarray(root.T, dtype)
+        x = centre + _random.normal(k_x, (batch_size, n, d), dtype) @ jnp.asarray(root.T, dtype)
         tokens = jnp.concatenate([x[:, :prompt_length], y[:, :prompt_length, None]], axis=-1)
         queries = jnp.concatenate([x[:, prompt_length:], jnp.zeros((batch_size, n_queries, 1), dtype)], axis=-1)
         return Batch(tokens, queries, y[:, prompt_length:, None])
