@@ -15,8 +15,11 @@ export JAX_PLATFORMS ?= cpu
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.2
 export PYTHONHASHSEED := 0
+# Processes run side by side: one per core, at most 4 (a chapter's kernel peaks at about
+# 3.5 GB). The work is CPU-bound throughout, so more than one per core gains nothing.
+JOBS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 # Chapters executed at once (tests/execute_chapters.py, tests/reproducibility.py): one kernel each.
-EXEC_JOBS ?= 2
+EXEC_JOBS ?= $(JOBS)
 
 .PHONY: book test unit nbval strict bench site-check repro twins format tools clean help
 
@@ -70,7 +73,7 @@ test: unit
 
 # Test files are spread over TEST_JOBS processes (pytest-xdist, a whole file per process: the
 # programs a file compiles are reused by its own tests); TEST_JOBS=0 runs them in this process.
-TEST_JOBS ?= 2
+TEST_JOBS ?= $(JOBS)
 unit: $(STAMP) $(TOOLS)/.installed
 	$(BIN)/python -m pytest tests -q -rs $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
