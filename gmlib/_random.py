@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 
 
-def normal(key, shape: tuple, dtype):
+def normal(key, shape: tuple, dtype=float):
     """``jax.random.normal(key, shape, dtype)``, bit for bit."""
     return jax.random.normal(key, (math.prod(shape),), dtype).reshape(shape)
 
 
-def uniform(key, shape: tuple, dtype, minval=0.0, maxval=1.0):
+def uniform(key, shape: tuple, dtype=float, minval=0.0, maxval=1.0):
     """``jax.random.uniform(key, shape, dtype, minval, maxval)``, bit for bit."""
     return jax.random.uniform(key, (math.prod(shape),), dtype, minval, maxval).reshape(shape)
 

@@ -304,7 +304,7 @@ def classification_prompt_sampler(mean_pos, mean_neg, cov, p_pos: float, *, n_qu
     def sample(key, batch_size: int, prompt_length: int) -> Batch:
         k_y, k_x = jax.random.split(key)
         n = prompt_length + n_queries
-        y = jnp.where(_random.uniform(k_y, (batch_size, n), float) < p_pos, 1.0, -1.0).astype(dtype)
+        y = jnp.where(_random.uniform(k_y, (batch_size, n)) < p_pos, 1.0, -1.0).astype(dtype)
         centre = jnp.where(y[..., None] > 0, jnp.asarray(mean_pos, dtype), jnp.asarray(mean_neg, dtype))
         x = centre + _random.normal(k_x, (batch_size, n, d), dtype) @ jnp.asarray(root.T, dtype)
         tokens = jnp.concatenate([x[:, :prompt_length], y[:, :prompt_length, None]], axis=-1)

@@ -24,6 +24,7 @@ def test_flat_draws_equal_jax_random(threefry_mode, shape, dtype):
     np.testing.assert_array_equal(_random.uniform(key, shape, dtype, -1.5, 2.0),
                                   jax.random.uniform(key, shape, dtype, -1.5, 2.0))
     assert _random.normal(key, shape, dtype).dtype == dtype
+    np.testing.assert_array_equal(_random.uniform(key, shape), jax.random.uniform(key, shape))  # default dtype
 
 
 @pytest.mark.parametrize("n, m", [(1, 1), (9, 3), (50, 2)])
