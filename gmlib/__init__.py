@@ -8,7 +8,7 @@ Submodules: :mod:`gmlib.lda` (LDA with one head), :mod:`gmlib.denoise`
 (denoising), :mod:`gmlib.plotting` (the book's figure style).
 """
 
-from gmlib._loop import TrainResult, run_chunks
+from gmlib._loop import TrainResult, optimize, run_chunks
 from gmlib.attention import (
     gates,
     linear_attention,
@@ -16,6 +16,7 @@ from gmlib.attention import (
     population_linear_attention,
     softmax_attention,
 )
+from gmlib.heads import Heads, apply_heads, init_heads
 from gmlib.mixture import GaussianMixture, psd_sqrt
 from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
 
@@ -23,12 +24,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "GaussianMixture",
+    "Heads",
     "TrainResult",
+    "apply_heads",
     "gates",
     "gauss_hermite",
+    "init_heads",
     "linear_attention",
     "mixture_expectation",
     "monte_carlo_expectation",
+    "optimize",
     "population_attention",
     "population_linear_attention",
     "psd_sqrt",

@@ -1,16 +1,25 @@
-"""The chunked training loop and the result type shared by :mod:`gmlib.lda`, :mod:`gmlib.train` and the book."""
+r"""The one training loop of gmlib (:func:`optimize`), its result type and its chunked driver.
+
+Every training in the book and the library goes through :func:`optimize`: an optax
+optimizer on the gradient of a loss, either deterministic (``loss(params)``, e.g. a
+population risk computed by quadrature) or stochastic (``loss(params, batch)`` on a fresh
+``sample(key_t)`` at every step), as one compiled ``lax.scan`` run in chunks
+(:func:`run_chunks`) with an optional progress bar.
+"""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from gmlib import _checks as C
 
-__all__ = ["TrainResult", "run_chunks"]
+__all__ = ["TrainResult", "optimize", "run_chunks"]
 
 
 class TrainResult(NamedTuple):
@@ -81,3 +90,163 @@ def run_chunks(block: Callable, state, n_records: int, *, chunk_records: int | N
     if bar is not None:
         bar.close()
     return state, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
+
+
+def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: int = 1, sample: Callable | None = None,
+             key=None, metric: Callable | None = None, trajectory: bool = False, chunk_records: int | None = None,
+             progress: bool = False, desc: str | None = None) -> TrainResult:
+    r"""Train ``params`` with an optax optimizer: the one training loop of gmlib.
+
+    Step t (t = 0, …, ``n_steps`` − 1) takes the gradient of ``loss(params)`` or, with
+    ``sample``, of ``loss(params, sample(key_t))`` on a fresh draw, with
+    ``key_t = jax.random.fold_in(key, t)``; ``optimizer`` (any
+    ``optax.GradientTransformation``: ``optax.sgd(eta)`` is plain gradient descent)
+    turns it into the update:
+
+    .. math::
+
+        \theta_{t+1} = \theta_t + \mathrm{update}\big(\nabla_\theta\, \ell(\theta_t, b_t)\big).
+
+    After every ``record_every`` steps it records ``metric(params)`` (default: the mean
+    of the losses of those steps) and, with ``trajectory``, the parameters. With a
+    ``metric`` the start point is recorded too (step 0). The steps run on the device in
+    one compiled ``lax.scan`` per chunk of ``chunk_records`` records, between which a
+    tqdm bar advances when ``progress`` is true.
+
+    Arrays held by ``loss``, ``sample`` and ``metric`` as a :class:`jax.tree_util.Partial`
+    (``Partial(fn, problem)``) are passed to the compiled program as data, so calls that
+    differ only in those arrays share one compilation; anything else they close over is
+    part of the program (a new function object compiles anew). ``optimize`` can itself run
+    under ``jax.vmap`` or ``jax.jit`` (no progress bar then): runs over seeds, start
+    points or prompt lengths side by side (see :func:`gmlib.train.sweep`).
+
+    Args:
+        loss: ``loss(params) -> scalar``, or ``loss(params, batch) -> scalar`` with
+            ``sample``; JAX-traceable.
+        params: the start point, any pytree of floating arrays (e.g. a :class:`gmlib.Heads`).
+        optimizer: an ``optax.GradientTransformation``.
+        n_steps: the number of steps, a multiple of ``record_every``.
+        record_every: steps between two records.
+        sample: ``sample(key) -> batch``, a fresh batch per step, or ``None``.
+        key: a ``jax.random`` key, needed with ``sample``.
+        metric: ``metric(params) -> pytree``, JAX-traceable, or ``None``.
+        trajectory: record the parameters too.
+        chunk_records: records per compiled chunk (default: all at once, or about twenty
+            chunks with ``progress``).
+        progress: show a tqdm bar.
+        desc: the bar's label.
+
+    Returns:
+        a :class:`TrainResult`: the final parameters, the recorded steps (``record_every``,
+        ``2 record_every``, … ``n_steps``, preceded by 0 with a ``metric``), the records
+        stacked along a first axis, and the parameters at those steps with ``trajectory``.
+
+    Raises:
+        ValueError: naming the argument: ``n_steps`` not a positive multiple of
+            ``record_every``, ``sample`` without ``key``, a non-callable ``loss``.
+
+    Example:
+        >>> out = optimize(lambda th: risk(problem, th), theta0, optax.sgd(0.1), n_steps=1000,
+        ...                record_every=10, metric=lambda th: risk(problem, th))
+        >>> out = optimize(batch_loss, heads, optax.adam(1e-3), n_steps=5000, sample=draw, key=key)
+    """
+    n_steps, record_every = C.check_steps(n_steps, record_every)
+    for name, fn in (("loss", loss), ("sample", sample), ("metric", metric)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"`{name}` must be a function; got {type(fn).__name__}")
+    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        raise ValueError(f"`optimizer` must be an optax.GradientTransformation; got {type(optimizer).__name__}")
+    if sample is not None and key is None:
+        raise ValueError("`key` must be a jax.random key when `sample` draws the batches; got None")
+    dynamic, static = _partition((loss, sample, metric))
+    spec = _Spec(static, optimizer, record_every, metric is not None, bool(trajectory))
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats with int32 counts
+        state = (params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def block(state, k):
+        with jax.numpy_dtype_promotion("standard"):
+            return _block(state, dynamic, key, spec=spec, n_records=k)
+
+    n_records = n_steps // record_every
+    state, (records, traj) = run_chunks(block, state, n_records, chunk_records=chunk_records, progress=progress,
+                                        desc=desc or "training")
+    steps = np.arange(1, n_records + 1) * record_every
+    if metric is not None:  # the start point too
+        first = lambda a0, a: jnp.concatenate([jnp.asarray(a0)[None], a])  # noqa: E731
+        records = jax.tree.map(first, metric(params), records)
+        traj = jax.tree.map(first, params, traj) if trajectory else None
+        steps = np.concatenate([[0], steps])
+    return TrainResult(state[0], steps, records, traj if trajectory else None)
+
+
+def _is_data(leaf) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+
+
+def _partition(tree):
+    """Split a pytree of functions into its array leaves (data for the program) and the rest (static, hashable)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    data = [leaf if _is_data(leaf) else None for leaf in leaves]
+    rest = tuple(None if _is_data(leaf) else _Static(leaf) for leaf in leaves)
+    return data, (treedef, rest)
+
+
+def _combine(data, static):
+    treedef, rest = static
+    return jax.tree.unflatten(treedef, [d if s is None else s.value for d, s in zip(data, rest)])
+
+
+class _Static(NamedTuple):
+    """A static leaf, compared by equality where it can be, else by identity."""
+
+    value: Any
+
+    def __eq__(self, other):
+        if not isinstance(other, _Static):
+            return NotImplemented
+        try:
+            return bool(self.value is other.value or self.value == other.value)
+        except Exception:  # arrays-like objects whose == is elementwise
+            return self.value is other.value
+
+    def __hash__(self):
+        try:
+            return hash(self.value)
+        except TypeError:
+            return id(self.value)
+
+
+class _Spec(NamedTuple):
+    """What a chunk of training needs that is static (hashable: the jit cache keys on it)."""
+
+    fns: Any
+    optimizer: Any
+    record_every: int
+    has_metric: bool
+    trajectory: bool
+
+
+@partial(jax.jit, static_argnames=("spec", "n_records"))
+def _block(state, data, key, *, spec, n_records):
+    loss, sample, metric = _combine(data, spec.fns)
+    opt = spec.optimizer
+
+    def step(carry, t):
+        params, opt_state = carry
+        if sample is None:
+            value, grads = jax.value_and_grad(loss)(params)
+        else:
+            value, grads = jax.value_and_grad(loss)(params, sample(jax.random.fold_in(key, t)))
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), value
+
+    def record(carry, start):
+        params, opt_state, _ = carry
+        (params, opt_state), values = jax.lax.scan(step, (params, opt_state), start + jnp.arange(spec.record_every))
+        out = metric(params) if spec.has_metric else values.mean()
+        return (params, opt_state, start + spec.record_every), (out, params if spec.trajectory else None)
+
+    params, opt_state, t0 = state
+    starts = t0 + spec.record_every * jnp.arange(n_records, dtype=jnp.int32)
+    state, outs = jax.lax.scan(record, state, starts)
+    return state, outs

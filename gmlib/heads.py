@@ -1,0 +1,280 @@
+r"""A layer of attention heads: the book's central object, one pytree and one function.
+
+A layer of H heads, each with an interaction matrix :math:`U_h` (D × D) and a value
+matrix :math:`V_h` (D_v × D), optionally residual (the query added to each head's
+output) and optionally followed by an output map :math:`W_{\mathrm{out}}` on the
+concatenated head outputs, maps a query :math:`z` to
+
+.. math::
+
+    f[\mu](z) = W_{\mathrm{out}}
+    \begin{pmatrix} r\,z + T_{U_1,V_1}[\mu](z) \\ \vdots \\ r\,z + T_{U_H,V_H}[\mu](z) \end{pmatrix},
+    \qquad r \in \{0, 1\},
+
+or, without an output map, to the sum :math:`\sum_h \big(r\,z + T_{U_h,V_h}[\mu](z)\big)` of
+the heads (multi-head attention as the paper writes it, its §2). :math:`T` is softmax
+attention (eq 1 of the paper) or linear attention, on a finite prompt (the empirical
+measure :math:`\mu_L` of L tokens) or on an infinite one (a Gaussian mixture: the closed
+form of Prop 2.1). :class:`Heads` holds the parameters, :func:`apply_heads` evaluates them,
+:func:`init_heads` draws random ones. Every construction of :mod:`gmlib.denoise` and
+:mod:`gmlib.lda` returns a :class:`Heads`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gmlib import _checks as C
+from gmlib import _random
+from gmlib._pytree import unchecked
+from gmlib.attention import (
+    _arrays,
+    _auto_block_size,
+    _population,
+    _population_linear,
+    _softmax_blocked,
+    _softmax_dense,
+)
+from gmlib.mixture import GaussianMixture
+
+__all__ = ["Heads", "apply_heads", "init_heads"]
+
+_KINDS = ("softmax", "linear")
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    r"""A layer of H attention heads (a frozen pytree): what :func:`apply_heads` evaluates.
+
+    Attributes:
+        U: the interaction matrices, shape (H, D, D): the score of token :math:`z'` for
+            query :math:`z` in head h is :math:`z'^\top U_h z`.
+        V: the value matrices, shape (H, D_v, D).
+        W_out: ``None`` (the heads' outputs are summed) or the output map, shape
+            (D_y, H·D_v), applied to the head outputs concatenated in head order.
+        residual: add the query to each head's output (needs D_v = D). Static: part of
+            the pytree's structure, not a leaf, so ``jax.grad`` and optax never touch it.
+
+    The leaves are ``U``, ``V`` and ``W_out`` (when present), so a :class:`Heads` goes through
+    ``jax.jit``, ``jax.vmap``, ``jax.grad`` and every optax transformation as it is. Built
+    from arrays (numpy, JAX or nested lists) it checks their shapes and finiteness and
+    casts them to one floating dtype; inside a transformation it is rebuilt without checks.
+
+    Example:
+        >>> heads = Heads(U=jnp.stack([U1, U2]), V=jnp.stack([V1, V2]))
+        >>> heads.n_heads, heads.dim
+        (2, 3)
+    """
+
+    U: jax.Array
+    V: jax.Array
+    W_out: jax.Array | None = None
+    residual: bool = False
+
+    def __post_init__(self):
+        leaves = [a for a in (self.U, self.V, self.W_out) if a is not None]
+        dtype = C.common_float_dtype(*leaves)
+        U = C.array(self.U, "U", (None, None, None), dtype=dtype, desc="(H, D, D)", min_rows=1)
+        H, D = U.shape[0], U.shape[1]
+        if U.shape[2] != D:
+            raise ValueError(f"`U` must have shape (H, D, D); got {tuple(U.shape)}")
+        V = C.array(self.V, "V", (H, None, D), dtype=dtype, desc=f"(H, D_v, D) = ({H}, D_v, {D})")
+        if not isinstance(self.residual, (bool, np.bool_)):
+            raise ValueError(f"`residual` must be True or False; got {self.residual!r}")
+        if self.residual and V.shape[1] != D:
+            raise ValueError(f"a residual layer needs D_v = D = {D}; got `V` of shape {tuple(V.shape)}")
+        W = self.W_out
+        if W is not None:
+            hv = H * V.shape[1]
+            W = C.array(W, "W_out", (None, hv), dtype=dtype, desc=f"(D_y, H·D_v) with H·D_v = {hv}")
+        for name, value in (("U", U), ("V", V), ("W_out", W), ("residual", bool(self.residual))):
+            object.__setattr__(self, name, value)
+
+    def tree_flatten(self):
+        return (self.U, self.V, self.W_out), self.residual
+
+    @classmethod
+    def tree_unflatten(cls, residual, leaves):
+        return unchecked(cls, *leaves, residual)
+
+    @property
+    def n_heads(self) -> int:
+        """H, the number of heads."""
+        return self.U.shape[-3]
+
+    @property
+    def dim(self) -> int:
+        """D, the dimension of tokens and queries."""
+        return self.U.shape[-1]
+
+    @property
+    def out_dim(self) -> int:
+        """D_y, the dimension of the layer's output (D_v without an output map)."""
+        return self.V.shape[-2] if self.W_out is None else self.W_out.shape[-2]
+
+    @property
+    def dtype(self):
+        """The floating dtype of the parameters."""
+        return self.U.dtype
+
+    def astype(self, dtype) -> Heads:
+        """The same heads with every parameter cast to ``dtype``."""
+        cast = lambda a: None if a is None else a.astype(dtype)  # noqa: E731
+        return unchecked(Heads, cast(self.U), cast(self.V), cast(self.W_out), self.residual)
+
+
+def apply_heads(heads: Heads, prompt, queries, *, kind: str = "softmax", block_size=None, mask=None):
+    r"""Evaluate a layer of heads on a prompt: the formula of this module's docstring.
+
+    Let :math:`z` denote a row of ``queries`` (Q, D) and :math:`\mu` the prompt: the
+    empirical measure of the rows of ``prompt`` (L, D), or the law itself when ``prompt``
+    is a :class:`~gmlib.GaussianMixture` (the infinite prompt, exact by Prop 2.1). Head h
+    computes :math:`T_{U_h,V_h}[\mu](z)`, softmax attention (eq 1 of the paper; the
+    closed form of :func:`~gmlib.population_attention` on a mixture) or, with
+    ``kind="linear"``, linear attention :math:`V_h\,\mathbb E_\mu[z'z'^\top]\,U_h z`.
+
+    Args:
+        heads: a :class:`Heads` with H heads on dimension D.
+        prompt: tokens (L, D), L ≥ 1, or a :class:`~gmlib.GaussianMixture` on
+            :math:`\mathbb R^D`.
+        queries: shape (Q, D).
+        kind: ``"softmax"`` or ``"linear"``.
+        block_size: for a finite softmax prompt, stream the tokens in blocks of this
+            many (an int, or ``"auto"``): memory grows with Q × block_size, not Q × L
+            (as in :func:`~gmlib.softmax_attention`).
+        mask: ``None``, or a boolean (L,) marking the tokens that count (the others are
+            padding: a score of :math:`-\infty` for softmax attention, left out of the
+            average of linear attention). A prompt of L tokens padded to L' with the
+            mask ``jnp.arange(L') < L`` gives the output of the L tokens alone.
+
+    Returns:
+        array (Q, D_y): D_y = D_v without an output map, the rows of ``W_out`` with one.
+
+    Raises:
+        ValueError: naming the argument, for an unknown ``kind``, shapes that do not
+            fit the heads' dimension D, a mask that does not fit the prompt (or a mask
+            with a mixture, or with ``block_size``), non-finite values.
+
+    Example:
+        >>> heads = denoise.two_head_bayes(problem)
+        >>> apply_heads(heads, problem.noisy, z)  # the Bayes denoiser (Thm 4.1)
+        >>> apply_heads(heads, tokens, z, block_size=4096)  # a finite prompt, streamed
+    """
+    if not isinstance(heads, Heads):
+        raise ValueError(f"`heads` must be a gmlib.Heads; got {type(heads).__name__}")
+    C.check_choice(kind, "kind", _KINDS)
+    population = isinstance(prompt, GaussianMixture)
+    D = heads.dim
+    if population:
+        if prompt.dim != D:
+            raise ValueError(f"`prompt` must be a mixture on R^D with D = {D} (the heads' dimension); "
+                             f"got a mixture on R^{prompt.dim}")
+        if mask is not None:
+            raise ValueError("`mask` is for a finite prompt of tokens; got a mask with a GaussianMixture")
+    (prompt,) = (prompt,) if population else _arrays(prompt, names=("prompt",))
+    (queries,) = _arrays(queries, names=("queries",))
+    if not population and (prompt.ndim != 2 or prompt.shape[1] != D or prompt.shape[0] < 1):
+        raise ValueError(f"`prompt` must have shape (L, D) with D = {D} (the heads' dimension) and L >= 1, "
+                         f"or be a GaussianMixture; got {tuple(prompt.shape)}")
+    if queries.ndim != 2 or queries.shape[1] != D:
+        raise ValueError(f"`queries` must have shape (Q, D) with D = {D} (the heads' dimension); "
+                         f"got {tuple(queries.shape)}")
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        if mask.shape != prompt.shape[:1] or mask.dtype != jnp.bool_:
+            raise ValueError(f"`mask` must be a boolean array (L,) = ({prompt.shape[0]},); got {mask.dtype} "
+                             f"of shape {tuple(mask.shape)}")
+        if block_size is not None:
+            raise ValueError("`mask` and `block_size` cannot be combined; pad less, or drop the mask")
+    if block_size is not None and not population and kind == "softmax":
+        if isinstance(block_size, str) and block_size == "auto":
+            block_size = _auto_block_size(queries.shape[0], prompt.shape[0])
+        elif not (isinstance(block_size, (int, np.integer)) and not isinstance(block_size, bool) and block_size > 0):
+            raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
+        block_size = None if block_size >= prompt.shape[0] else int(block_size)
+    else:
+        block_size = None
+    out = _apply(heads, prompt, queries, mask, kind=kind, block_size=block_size)
+    if not isinstance(out, jax.core.Tracer) and not np.isfinite(np.asarray(out)).all():
+        C.finite(**{"heads.U": heads.U, "heads.V": heads.V, "queries": queries},
+                 **({} if population else {"prompt": prompt}),
+                 **({} if heads.W_out is None else {"heads.W_out": heads.W_out}))
+    return out
+
+
+@partial(jax.jit, static_argnames=("kind", "block_size"))
+def _apply(heads, prompt, queries, mask, *, kind, block_size):
+    population = isinstance(prompt, GaussianMixture)
+    dtype = C.common_float_dtype(heads.U, prompt.means if population else prompt, queries)
+    heads, queries = heads.astype(dtype), queries.astype(dtype)
+    prompt = prompt.astype(dtype)
+    if population:
+        op = _population if kind == "softmax" else _population_linear
+        outs = jax.vmap(lambda U, V: op(prompt, queries, U, V))(heads.U, heads.V)
+    elif kind == "linear":
+        w = None if mask is None else mask.astype(dtype)
+        weighted = prompt if w is None else prompt * w[:, None]
+        moment = weighted.T @ prompt / (prompt.shape[0] if w is None else w.sum())
+        outs = jnp.einsum("qd,hed,ef,hvf->hqv", queries, heads.U, moment, heads.V)
+    elif block_size is not None:
+        outs = jax.vmap(lambda U, V: _softmax_blocked(queries, prompt, U, V, block_size))(heads.U, heads.V)
+    elif mask is None:
+        outs = jax.vmap(lambda U, V: _softmax_dense(queries, prompt, U, V))(heads.U, heads.V)
+    else:
+        scores = jnp.einsum("qd,hed,le->hql", queries, heads.U, prompt)  # z_i^T U_h z
+        weights = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
+        outs = jnp.einsum("hql,le,hve->hqv", weights, prompt, heads.V)
+    if heads.residual:
+        outs = outs + queries
+    if heads.W_out is None:
+        return outs.sum(axis=0)
+    H, Q, Dv = outs.shape
+    return jnp.transpose(outs, (1, 0, 2)).reshape(Q, H * Dv) @ heads.W_out.T
+
+
+def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out_dim: int | None = None,
+               residual: bool = False, scale: float = 1.0, dtype=None) -> Heads:
+    r"""Random heads: i.i.d. Gaussian entries, the usual start point of training.
+
+    :math:`U_h` and :math:`V_h` have entries :math:`\mathcal N(0, \mathrm{scale}^2/D)`; the
+    output map (when ``out_dim`` is given) :math:`\mathcal N(0, 1/(H D_v))`.
+
+    Args:
+        key: a ``jax.random`` key.
+        n_heads: H ≥ 1.
+        dim: D, the dimension of tokens and queries.
+        value_dim: D_v (default D).
+        out_dim: D_y, or ``None`` for no output map (the heads are summed).
+        residual: the ``residual`` flag of the result.
+        scale: the scale of U and V, a finite number.
+        dtype: floating dtype (default: JAX's default float).
+
+    Returns:
+        a :class:`Heads`.
+
+    Example:
+        >>> heads = init_heads(jax.random.key(0), n_heads=2, dim=3, out_dim=3, scale=0.5)
+    """
+    n_heads = C.scalar(n_heads, "n_heads", low=0, integer=True)
+    dim = C.scalar(dim, "dim", low=0, integer=True)
+    value_dim = dim if value_dim is None else C.scalar(value_dim, "value_dim", low=0, integer=True)
+    out_dim = None if out_dim is None else C.scalar(out_dim, "out_dim", low=0, integer=True)
+    dtype = C.check_float_dtype(dtype)
+    scale = C.scalar(scale, "scale")
+    ku, kv, kw = jax.random.split(key, 3)
+    factor = jnp.asarray(scale / np.sqrt(dim), dtype)  # in `dtype`: strict promotion
+    U = factor * _random.normal(ku, (n_heads, dim, dim), dtype)
+    V = factor * _random.normal(kv, (n_heads, value_dim, dim), dtype)
+    W = None
+    if out_dim is not None:
+        W = _random.normal(kw, (out_dim, n_heads * value_dim), dtype) * jnp.asarray(1 / np.sqrt(n_heads * value_dim),
+                                                                                   dtype)
+    if residual and value_dim != dim:
+        raise ValueError(f"a residual layer needs `value_dim` = `dim` = {dim}; got {value_dim}")
+    return unchecked(Heads, U, V, W, bool(residual))
