@@ -61,8 +61,11 @@ def common_float_dtype(*arrays):
     return jax.dtypes.canonicalize_dtype(jnp.float64 if best is None else best)
 
 
-def _describe(shape) -> str:
-    return "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+def _describe(shape, dims=None) -> str:
+    """``(M, d) with d = 3``: the shape's named dimensions, and the sizes ``dims`` binds."""
+    text = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+    bound = [f"{k} = {v}" for k, v in (dims or {}).items() if k in shape]
+    return text + (" with " + ", ".join(bound) if bound else "")
 
 
 def _is_float(dt) -> bool:
@@ -84,14 +87,19 @@ def _all_finite(x):
     return _finite_all(x)
 
 
-def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, finite: bool = True,
+def array(x, name: str, shape=None, *, dims=None, dtype=None, desc: str | None = None, finite: bool = True,
           min_rows: int = 0, low=None, high=None, strict: bool = True, why: str = ""):
     """Convert ``x`` to a floating JAX array and check its shape and finiteness, in one call.
 
     Args:
         x: an array-like (numpy array, JAX array, nested lists, a number).
         name: the argument's name, quoted in every error message.
-        shape: ``None`` (any shape) or a tuple whose ``None`` entries match any size.
+        shape: ``None`` (any shape) or a tuple of sizes: an int (that size), ``None`` (any
+            size) or a dimension's name such as ``"M"`` (any size, the same wherever the
+            name recurs in the tuple, and the size ``dims`` gives it if it does), e.g.
+            ``array(means, "means", ("M", "d"), dims={"d": 3})``, whose message reads
+            "`means` must have shape (M, d) with d = 3; got (3,)".
+        dims: sizes of named dimensions, ``{"d": 3}``.
         dtype: the floating dtype of the result; default: ``x``'s own floating dtype
             (integers and booleans become JAX's default float).
         desc: how the expected shape reads in the message, e.g. ``"(n, D) with D = 3"``.
@@ -136,8 +144,8 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
             finite = finite and jnp.issubdtype(dt, jnp.inexact)
             with jax.ensure_compile_time_eval():  # a concrete input stays concrete inside a jit
                 x = x.astype(target)
-    if shape is not None and not _matches(x.shape, shape):
-        raise ValueError(f"`{name}` must have shape {desc or _describe(shape)}; got {tuple(x.shape)}")
+    if shape is not None and not _matches(x.shape, shape, dims):
+        raise ValueError(f"`{name}` must have shape {desc or _describe(shape, dims)}; got {tuple(x.shape)}")
     if min_rows and (x.ndim == 0 or x.shape[0] < min_rows):
         raise ValueError(f"`{name}` must hold at least {min_rows} row{'s' if min_rows > 1 else ''} "
                          f"(first axis); got shape {tuple(x.shape)}")
@@ -151,12 +159,16 @@ def array(x, name: str, shape=None, *, dtype=None, desc: str | None = None, fini
     return x
 
 
-def _matches(got, shape) -> bool:
-    """Whether shape ``got`` matches ``shape`` (whose ``None`` entries match any size)."""
+def _matches(got, shape, dims=None) -> bool:
+    """Whether shape ``got`` matches ``shape`` (``None``: any size; a name: one size wherever it recurs)."""
     if len(got) != len(shape):
         return False
+    seen = dict(dims or ())
     for s, t in zip(shape, got):
-        if s is not None and s != t:
+        if isinstance(s, str):
+            if seen.setdefault(s, t) != t:
+                return False
+        elif s is not None and s != t:
             return False
     return True
 

@@ -80,11 +80,9 @@ class Heads:
     def __post_init__(self):
         leaves = [a for a in (self.U, self.V, self.W_out) if a is not None]
         dtype = C.common_float_dtype(*leaves)
-        U = C.array(self.U, "U", (None, None, None), dtype=dtype, desc="(H, D, D)", min_rows=1)
+        U = C.array(self.U, "U", ("H", "D", "D"), dtype=dtype, min_rows=1)
         H, D = U.shape[0], U.shape[1]
-        if U.shape[2] != D:
-            raise ValueError(f"`U` must have shape (H, D, D); got {tuple(U.shape)}")
-        V = C.array(self.V, "V", (H, None, D), dtype=dtype, desc=f"(H, D_v, D) = ({H}, D_v, {D})")
+        V = C.array(self.V, "V", ("H", "D_v", "D"), dims={"H": H, "D": D}, dtype=dtype)
         if not isinstance(self.residual, (bool, np.bool_)):
             raise ValueError(f"`residual` must be True or False; got {self.residual!r}")
         if self.residual and V.shape[1] != D:
@@ -92,7 +90,7 @@ class Heads:
         W = self.W_out
         if W is not None:
             hv = H * V.shape[1]
-            W = C.array(W, "W_out", (None, hv), dtype=dtype, desc=f"(D_y, H·D_v) with H·D_v = {hv}")
+            W = C.array(W, "W_out", ("D_y", "H·D_v"), dims={"H·D_v": hv}, dtype=dtype)
         for name, value in (("U", U), ("V", V), ("W_out", W), ("residual", bool(self.residual))):
             object.__setattr__(self, name, value)
 
@@ -238,7 +236,7 @@ def _apply(heads, prompt, queries, mask, *, kind, block_size):
     return jnp.transpose(outs, (1, 0, 2)).reshape(Q, H * Dv) @ heads.W_out.T
 
 
-def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out_dim: int | None = None,
+def init_heads(*, key, n_heads: int, dim: int, value_dim: int | None = None, out_dim: int | None = None,
                residual: bool = False, scale: float = 1.0, dtype=None) -> Heads:
     r"""Random heads: i.i.d. Gaussian entries, the usual start point of training.
 
@@ -259,7 +257,7 @@ def init_heads(key, *, n_heads: int, dim: int, value_dim: int | None = None, out
         a :class:`Heads`.
 
     Example:
-        >>> heads = init_heads(jax.random.key(0), n_heads=2, dim=3, out_dim=3, scale=0.5)
+        >>> heads = init_heads(key=jax.random.key(0), n_heads=2, dim=3, out_dim=3, scale=0.5)
     """
     n_heads = C.scalar(n_heads, "n_heads", low=0, integer=True)
     dim = C.scalar(dim, "dim", low=0, integer=True)
