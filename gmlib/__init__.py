@@ -16,13 +16,14 @@ from gmlib.attention import (
     population_linear_attention,
     softmax_attention,
 )
-from gmlib.heads import Heads, apply_heads, init_heads
+from gmlib.heads import Batch, Heads, apply_heads, init_heads
 from gmlib.mixture import GaussianMixture, psd_sqrt
 from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
     "GaussianMixture",
     "Heads",
     "TrainResult",

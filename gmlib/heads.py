@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,9 +43,28 @@ from gmlib.attention import (
 )
 from gmlib.mixture import GaussianMixture
 
-__all__ = ["Heads", "apply_heads", "init_heads"]
+__all__ = ["Batch", "Heads", "apply_heads", "init_heads"]
 
 _KINDS = ("softmax", "linear")
+
+
+class Batch(NamedTuple):
+    """A minibatch of prompts with their queries and targets (a pytree), what the task samplers draw.
+
+    Attributes:
+        prompt: (B, L, D), the tokens of each prompt.
+        queries: (B, Q, D), the queries of each prompt.
+        targets: (B, Q, D_y), what the model should predict at each query.
+        aux: a task-dependent pytree (e.g. each task's means and weights), or ``None``.
+        mask: ``None`` (every token counts) or a boolean (L,): the tokens that count in
+            every prompt of the batch (the others are padding; see :func:`apply_heads`).
+    """
+
+    prompt: jax.Array
+    queries: jax.Array
+    targets: jax.Array
+    aux: object = None
+    mask: jax.Array | None = None
 
 
 @jax.tree_util.register_pytree_node_class
