@@ -62,8 +62,8 @@ def _check_args(prompt, queries, U, V=None, *, population: bool = False):
     U (D, D) and V (D_out, D) (optional) to one floating dtype; shapes against the token dimension D.
     Called at the top of every kernel, where it runs once per traced shape."""
     dtype = C.common_float_dtype(prompt.means if population else prompt, queries, U, *(() if V is None else (V,)))
-    prompt = prompt.astype(dtype) if population else C.array(prompt, "tokens", (None, None), dtype=dtype,
-                                                               finite=False, desc="(L, D)", min_rows=1)
+    prompt = prompt.astype(dtype) if population else C.array(prompt, "prompt", ("L", "D"), dtype=dtype,
+                                                               finite=False, min_rows=1)
     dim = prompt.dim if population else prompt.shape[1]
     queries = C.array(queries, "queries", (None, dim), dtype=dtype, finite=False,
                       desc=f"(n, D) with D = {dim} (the token dimension)")
@@ -76,11 +76,11 @@ def _check_args(prompt, queries, U, V=None, *, population: bool = False):
 # ----------------------------------------------------------------------------- finite prompts
 
 
-def softmax_attention(tokens, queries, U, V, *, block_size=None):
-    r"""Softmax attention of ``queries`` over a finite prompt of ``tokens``.
+def softmax_attention(prompt, queries, U, V, *, block_size=None):
+    r"""Softmax attention of ``queries`` over a finite ``prompt`` of tokens.
 
     Let :math:`z` denote a row of ``queries`` (n, D) and :math:`z_1, \dots, z_L` the
-    rows of ``tokens`` (L, D). Then
+    rows of ``prompt`` (L, D). Then
 
     .. math::
 
@@ -99,7 +99,7 @@ def softmax_attention(tokens, queries, U, V, *, block_size=None):
     and numerical limits" at the end of this page.
 
     Args:
-        tokens: the prompt, shape (L, D), L ≥ 1.
+        prompt: the tokens, shape (L, D), L ≥ 1.
         queries: shape (n, D).
         U: interaction matrix, shape (D, D).
         V: value matrix, shape (D_out, D).
@@ -125,12 +125,12 @@ def softmax_attention(tokens, queries, U, V, *, block_size=None):
     if not (auto or block_size is None or (isinstance(block_size, (int, np.integer))
                                            and not isinstance(block_size, bool) and block_size > 0)):
         raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
-    tokens, queries, U, V = _arrays(tokens, queries, U, V, names=("tokens", "queries", "U", "V"))
+    prompt, queries, U, V = _arrays(prompt, queries, U, V, names=("prompt", "queries", "U", "V"))
     if auto:
-        block_size = _auto_block_size(_rows(queries), _rows(tokens))
-    if block_size is None or block_size >= _rows(tokens):
-        return _softmax_dense(queries, tokens, U, V)
-    return _softmax_blocked(queries, tokens, U, V, int(block_size))
+        block_size = _auto_block_size(_rows(queries), _rows(prompt))
+    if block_size is None or block_size >= _rows(prompt):
+        return _softmax_dense(queries, prompt, U, V)
+    return _softmax_blocked(queries, prompt, U, V, int(block_size))
 
 
 def _values_at_end(n: int, D: int, D_out: int) -> bool:
@@ -159,7 +159,7 @@ def _auto_block_size(n: int, L: int) -> int:
     return int(L if L <= 8 * b else b)
 
 
-_PROMPT = ("queries", "tokens", "U", "V")  # the arguments of the finite-prompt kernels, checked finite there
+_PROMPT = ("queries", "prompt", "U", "V")  # the arguments of the finite-prompt kernels, checked finite there
 _POPULATION = (None, "queries", "U", "V")  # the mixture was validated when it was built
 
 
@@ -218,8 +218,8 @@ def _softmax_blocked(queries, tokens, U, V, block_size: int):
     return out @ V.T if at_end else out
 
 
-def linear_attention(tokens, queries, U, V):
-    r"""Linear attention of ``queries`` over a finite prompt of ``tokens``.
+def linear_attention(prompt, queries, U, V):
+    r"""Linear attention of ``queries`` over a finite ``prompt`` of tokens.
 
     .. math::
 
@@ -233,7 +233,7 @@ def linear_attention(tokens, queries, U, V):
     :math:`\frac1L \sum_i z_i z_i^\top` nearly vanishes along :math:`U z`).
 
     Args:
-        tokens: shape (L, D), L ≥ 1.
+        prompt: the tokens, shape (L, D), L ≥ 1.
         queries: shape (n, D).
         U: shape (D, D).
         V: shape (D_out, D).
@@ -244,7 +244,7 @@ def linear_attention(tokens, queries, U, V):
     Raises:
         ValueError: as :func:`softmax_attention`.
     """
-    return _linear(*_arrays(queries, tokens, U, V, names=("queries", "tokens", "U", "V")))
+    return _linear(*_arrays(queries, prompt, U, V, names=("queries", "prompt", "U", "V")))
 
 
 @C.finite_kernel(*_PROMPT)

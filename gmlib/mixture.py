@@ -119,7 +119,7 @@ class GaussianMixture:
 
     Example:
         >>> mix = GaussianMixture.isotropic([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3)
-        >>> points, labels = mix.sample(jax.random.key(0), 1000)
+        >>> points, labels = mix.sample(key=jax.random.key(0), n_samples=1000)
     """
 
     weights: jax.Array
@@ -196,17 +196,20 @@ class GaussianMixture:
         noisy = self.covs + xi**2 * jnp.eye(self.dim, dtype=self.dtype)
         return unchecked(GaussianMixture, self.weights, self.means, noisy)
 
-    def sample(self, key, n: int):
-        """Draw ``n`` i.i.d. points and their component labels.
+    def sample(self, *, key, n_samples: int):
+        """Draw ``n_samples`` i.i.d. points and their component labels.
 
         Args:
             key: a ``jax.random`` key.
-            n: the number of points (a Python int).
+            n_samples: the number of points (a Python int).
 
         Returns:
-            ``(points, labels)``: shapes (n, D) and (n,) (int32).
+            ``(points, labels)``: shapes (n_samples, D) and (n_samples,) (int32).
+
+        Example:
+            >>> points, labels = mixture.sample(key=jax.random.key(0), n_samples=1000)
         """
-        return _sample(self, key, n)
+        return _sample(self, key, n_samples)
 
     def _log_gaussians(self, z):
         """log N(z; m_k, Gamma_k) for every point and component, shape (n, M)."""

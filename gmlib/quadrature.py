@@ -23,7 +23,7 @@ from gmlib.mixture import _psd_sqrt
 __all__ = ["gauss_hermite", "mixture_expectation", "monte_carlo_expectation"]
 
 
-def gauss_hermite(n_nodes: int, dim: int = 1, dtype=None):
+def gauss_hermite(*, n_nodes: int, dim: int = 1, dtype=None):
     r"""Tensor Gauss–Hermite rule for the standard Gaussian :math:`\mathcal N(0, I_{\mathrm{dim}})`.
 
     :math:`\mathbb E[f(\xi)] \approx \sum_j w_j f(x_j)`, exact for polynomials of
@@ -46,6 +46,9 @@ def gauss_hermite(n_nodes: int, dim: int = 1, dtype=None):
     Raises:
         ValueError: naming ``n_nodes`` or ``dim`` when not a positive int (or above the
             limits below), ``dtype`` when not a floating dtype.
+
+    Example:
+        >>> nodes, weights = gauss_hermite(n_nodes=20, dim=2)  # 400 points
     """
     n_nodes = C.scalar(n_nodes, "n_nodes", low=1, high=_MAX_NODES, strict=False, integer=True)
     dim = C.scalar(dim, "dim", low=0, integer=True)
@@ -83,7 +86,7 @@ def _values(fn, points, dtype):
     return values
 
 
-def mixture_expectation(mixture, fn, projection=None, n_nodes: int = 20):
+def mixture_expectation(mixture, fn, projection=None, *, n_nodes: int = 20):
     r""":math:`\mathbb E[\varphi(A X)]` for :math:`X` drawn from ``mixture``, by Gauss–Hermite per component.
 
     Let :math:`\varphi` denote ``fn`` and :math:`A` denote ``projection`` (k, D);
@@ -120,7 +123,7 @@ def mixture_expectation(mixture, fn, projection=None, n_nodes: int = 20):
         >>> mixture_expectation(mix, lambda y: y[:, 0] ** 2)  # E[X_1^2]
     """
     A = _check_projection(mixture, projection)
-    nodes, weights = gauss_hermite(n_nodes, A.shape[0], mixture.dtype)
+    nodes, weights = gauss_hermite(n_nodes=n_nodes, dim=A.shape[0], dtype=mixture.dtype)
     centers = mixture.means @ A.T  # (M, k)
     roots = _psd_sqrt(A @ mixture.covs @ A.T)  # (M, k, k)
     points = centers[:, None, :] + jnp.einsum("kij,nj->kni", roots, nodes)  # (M, N, k)
@@ -132,11 +135,12 @@ def mixture_expectation(mixture, fn, projection=None, n_nodes: int = 20):
     return jnp.tensordot(mixture.weights.astype(values.dtype), per_component, axes=1)
 
 
-def monte_carlo_expectation(mixture, fn, key, n_samples: int, projection=None):
+def monte_carlo_expectation(mixture, fn, projection=None, *, key, n_samples: int):
     r"""Monte Carlo estimate of :math:`\mathbb E[\varphi(A X)]` with its standard error.
 
     The fallback when quadrature does not fit (many projections). Same arguments
-    as :func:`mixture_expectation`, plus a ``jax.random`` key and the sample size.
+    as :func:`mixture_expectation`, plus a ``jax.random`` key and the sample size
+    (both keyword-only).
 
     **Numerical limits.** The error is statistical: within a few ``stderr`` with high
     probability when :math:`\varphi(AX)` has a finite variance. Non-floating values (an
@@ -149,9 +153,12 @@ def monte_carlo_expectation(mixture, fn, key, n_samples: int, projection=None):
     Raises:
         ValueError: as :func:`mixture_expectation`, and naming ``key`` (not one
             ``jax.random`` key) or ``n_samples`` (not an int >= 2).
+
+    Example:
+        >>> mean, stderr = monte_carlo_expectation(mix, lambda y: y[:, 0] ** 2, key=key, n_samples=10**5)
     """
     A = _check_projection(mixture, projection)
     n_samples = C.scalar(n_samples, "n_samples", low=2, strict=False, integer=True)
-    x, _ = mixture.sample(key, n_samples)
+    x, _ = mixture.sample(key=key, n_samples=n_samples)
     values = _values(fn, x @ A.T, mixture.dtype)
     return values.mean(axis=0), values.std(axis=0, ddof=1) / jnp.sqrt(jnp.asarray(n_samples, values.dtype))

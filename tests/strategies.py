@@ -91,7 +91,7 @@ def prompts(draw, dtype=None):
     dtype = dtype or draw(st.sampled_from(DTYPES))
     L, d = draw(st.sampled_from(SHAPES["prompt"]))
     queries, U, V = draw(heads(d, dtype))
-    return dict(queries=queries, tokens=draw(arrays((L, d))).astype(dtype), U=U, V=V)
+    return dict(queries=queries, prompt=draw(arrays((L, d))).astype(dtype), U=U, V=V)
 
 
 @st.composite

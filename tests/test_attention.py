@@ -193,14 +193,14 @@ def _hull_check(out, tokens, V, t):
 def test_softmax_attention_lies_in_the_hull_of_the_values(args, block):
     out = np.asarray(softmax_attention(**args, block_size=block), np.float64)
     assert out.shape == (args["queries"].shape[0], args["V"].shape[0]) and np.all(np.isfinite(out))
-    _hull_check(out, args["tokens"], args["V"], tol(args["tokens"].dtype))
+    _hull_check(out, args["prompt"], args["V"], tol(args["prompt"].dtype))
 
 
 @SETTINGS
 @given(args=prompts(), block=st.sampled_from([3, "auto"]))
 def test_blocked_equals_one_pass(args, block):
-    t = tol(args["tokens"].dtype)
-    scale = 1 + np.abs(args["tokens"] @ args["V"].T).max()
+    t = tol(args["prompt"].dtype)
+    scale = 1 + np.abs(args["prompt"] @ args["V"].T).max()
     np.testing.assert_allclose(softmax_attention(**args, block_size=block), softmax_attention(**args),
                                atol=10 * t * scale)
 
@@ -209,12 +209,12 @@ def test_blocked_equals_one_pass(args, block):
 @given(args=prompts(), seed=st.integers(0, 1000))
 def test_a_prompt_is_a_set(args, seed):
     """Reordering or duplicating the tokens changes nothing."""
-    t = tol(args["tokens"].dtype)
-    scale = 1 + np.abs(args["tokens"] @ args["V"].T).max()
+    t = tol(args["prompt"].dtype)
+    scale = 1 + np.abs(args["prompt"] @ args["V"].T).max()
     dense = np.asarray(softmax_attention(**args), np.float64)
-    perm = np.random.default_rng(seed).permutation(args["tokens"].shape[0])
-    twice = np.concatenate([args["tokens"][perm]] * 2)
-    np.testing.assert_allclose(softmax_attention(**{**args, "tokens": twice}), dense, atol=10 * t * scale)
+    perm = np.random.default_rng(seed).permutation(args["prompt"].shape[0])
+    twice = np.concatenate([args["prompt"][perm]] * 2)
+    np.testing.assert_allclose(softmax_attention(**{**args, "prompt": twice}), dense, atol=10 * t * scale)
 
 
 @SETTINGS
@@ -226,7 +226,7 @@ def test_softmax_attention_constant_score_shift(args, a, b, q0):
     queries a coordinate q0, and U a last row (a, b) — so every token's score for query
     z gains c(z) = a·z + b q0 — while V ignores the new coordinate.
     """
-    q, toks, U, V = (args[k] for k in ("queries", "tokens", "U", "V"))
+    q, toks, U, V = (args[k] for k in ("queries", "prompt", "U", "V"))
     dtype, d = toks.dtype, toks.shape[1]
     U2 = np.zeros((d + 1, d + 1), dtype)
     U2[:d, :d], U2[d, :d], U2[d, d] = U, a[:d], b
@@ -244,14 +244,14 @@ def test_softmax_attention_constant_score_shift(args, a, b, q0):
 @given(args=prompts(), seed=st.integers(0, 1000))
 def test_linear_attention_is_the_second_moment_map(args, seed):
     """V (1/L Σ z_i z_iᵀ) U z, whatever the order and multiplicity of the tokens."""
-    q, toks, U, V = (np.asarray(args[k], np.float64) for k in ("queries", "tokens", "U", "V"))
-    t = tol(args["tokens"].dtype)
+    q, toks, U, V = (np.asarray(args[k], np.float64) for k in ("queries", "prompt", "U", "V"))
+    t = tol(args["prompt"].dtype)
     out = np.asarray(linear_attention(**args), np.float64)
     scale = 1 + np.abs(q).max() * np.abs(U).max() * np.abs(toks).max() ** 2 * np.abs(V).max() * 27
     np.testing.assert_allclose(out, q @ U.T @ (toks.T @ toks / len(toks)) @ V.T, atol=10 * t * scale)
     perm = np.random.default_rng(seed).permutation(len(toks))
-    twice = np.concatenate([args["tokens"][perm]] * 2)
-    np.testing.assert_allclose(linear_attention(**{**args, "tokens": twice}), out, atol=10 * t * scale)
+    twice = np.concatenate([args["prompt"][perm]] * 2)
+    np.testing.assert_allclose(linear_attention(**{**args, "prompt": twice}), out, atol=10 * t * scale)
 
 
 # ---------------------------------------------------------------------------- population: references
@@ -279,7 +279,7 @@ def test_population_attention_against_large_prompt(make):
     mix = make()
     q = 0.5 * RNG.normal(size=(4, 3))
     U, V = 0.5 * RNG.normal(size=(3, 3)), np.eye(3)
-    toks, _ = mix.sample(jax.random.key(1), 2_000_000)
+    toks, _ = mix.sample(key=jax.random.key(1), n_samples=2_000_000)
     finite = np.asarray(softmax_attention(toks, q, U, V, block_size=1 << 16), np.float64)
     toks = np.asarray(toks)
     s = toks @ (U @ q.T)  # (L, n) scores
@@ -314,7 +314,7 @@ def test_linear_attention_on_a_large_prompt_tends_to_the_population():
     mix = unequal_mixture()
     q = RNG.normal(size=(4, 3))
     U, V = RNG.normal(size=(3, 3)), RNG.normal(size=(2, 3))
-    toks, _ = mix.sample(jax.random.key(2), 400_000)
+    toks, _ = mix.sample(key=jax.random.key(2), n_samples=400_000)
     np.testing.assert_allclose(linear_attention(toks, q, U, V), population_linear_attention(mix, q, U, V), atol=5e-2)
 
 
@@ -472,7 +472,7 @@ def test_population_and_large_prompt_agree(args, seed):
     """Finite attention on L = 8192 tokens drawn from the mixture is within 6 standard errors of Prop 2.1."""
     mix, q, U, V = (args[k] for k in ("mixture", "queries", "U", "V"))
     U = 0.4 * U  # ||U z|| of order one: the importance weights keep a large effective sample size
-    toks, _ = mix.sample(jax.random.key(seed), 8192)
+    toks, _ = mix.sample(key=jax.random.key(seed), n_samples=8192)
     finite = np.asarray(softmax_attention(toks, q, U, V), np.float64)
     pop = np.asarray(population_attention(mix, q, U, V), np.float64)
     toks = np.asarray(toks, np.float64)
@@ -494,7 +494,7 @@ def bad_block_size(_):
 
 PROMPT_SPEC = {
     "queries": Arg(fixed_axes=(1,)),
-    "tokens": Arg(extra=(empty_rows,)),
+    "prompt": Arg(extra=(empty_rows,)),
     "U": Arg(fixed_axes=(0, 1)),
     "V": Arg(fixed_axes=(1,)),
 }
@@ -580,8 +580,8 @@ def test_non_finite_inputs_are_named_on_either_path(backend, monkeypatch):
     toks, q = RNG.normal(size=(40, 2)), RNG.normal(size=(3, 2))
     U, V = np.eye(2), np.eye(2)
     np.testing.assert_allclose(softmax_attention(toks, q, U, V), numpy_softmax_attention(q, toks, U, V), rtol=1e-12)
-    for name, bad in (("tokens", toks), ("queries", q), ("U", U), ("V", V)):
-        args = dict(tokens=toks, queries=q, U=U, V=V)
+    for name, bad in (("prompt", toks), ("queries", q), ("U", U), ("V", V)):
+        args = dict(prompt=toks, queries=q, U=U, V=V)
         args[name] = np.where(np.arange(bad.size).reshape(bad.shape) == 1, np.inf, bad)
         assert_rejects(lambda: softmax_attention(**args), name)
         assert_rejects(lambda: linear_attention(**args), name)

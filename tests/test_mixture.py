@@ -38,7 +38,7 @@ RNG = np.random.default_rng(0)
 def test_sampling_statistics():
     mix = unequal_mixture()
     n = 400_000
-    x, lab = mix.sample(jax.random.key(3), n)
+    x, lab = mix.sample(key=jax.random.key(3), n_samples=n)
     assert x.shape == (n, 3) and lab.shape == (n,)
     np.testing.assert_allclose(np.bincount(np.asarray(lab), minlength=3) / n, mix.weights, atol=5e-3)
     np.testing.assert_allclose(x.mean(axis=0), mix.mean(), atol=1e-2)
@@ -46,10 +46,10 @@ def test_sampling_statistics():
 
 
 def test_sampling_is_exact_on_a_singular_support():
-    xs, _ = singular_mixture().sample(jax.random.key(4), 1000)
+    xs, _ = singular_mixture().sample(key=jax.random.key(4), n_samples=1000)
     assert set(np.unique(np.asarray(xs[:, 2]))) <= {1.0, -1.0}  # the noiseless coordinate stays exact
     point = GaussianMixture([0.3, 0.7], [[1.0, 0.0], [-1.0, 2.0]], np.zeros((2, 2, 2)))
-    x, lab = point.sample(jax.random.key(1), 100)
+    x, lab = point.sample(key=jax.random.key(1), n_samples=100)
     np.testing.assert_array_equal(np.asarray(x), np.asarray(point.means)[np.asarray(lab)])
 
 
@@ -186,12 +186,12 @@ def test_densities_ignore_the_labels(mix, z, perm_seed):
 @given(mix=mixtures(), key=keys(), n=st.just(5))
 def test_samples_are_valid_and_reproducible(mix, key, n):
     """Finite samples, labels of weighted components only; the same key gives the same draw."""
-    x, lab = mix.sample(key, n)
+    x, lab = mix.sample(key=key, n_samples=n)
     assert x.shape == (n, mix.dim) and lab.shape == (n,) and x.dtype == mix.dtype
     assert np.all(np.isfinite(np.asarray(x)))
     lab = np.asarray(lab)
     assert np.all((lab >= 0) & (lab < mix.n_components)) and np.all(np.asarray(mix.weights)[lab] > 0)
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(mix.sample(key, n)[0]))
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(mix.sample(key=key, n_samples=n)[0]))
 
 
 @SETTINGS

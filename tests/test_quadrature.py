@@ -38,7 +38,7 @@ def _double_factorial(k):
 
 
 def test_gauss_hermite_moments():
-    nodes, weights = gauss_hermite(8, 2)
+    nodes, weights = gauss_hermite(n_nodes=8, dim=2)
     assert nodes.shape == (64, 2) and abs(float(weights.sum()) - 1) < 1e-14
     # E[x^4 y^2] = 3 * 1 under N(0, I): exact for degree <= 15
     np.testing.assert_allclose(weights @ (nodes[:, 0] ** 4 * nodes[:, 1] ** 2), 3.0, rtol=1e-13)
@@ -46,11 +46,11 @@ def test_gauss_hermite_moments():
 
 def test_gauss_hermite_at_its_largest_rule():
     """n_nodes = 256 (the cap): finite, positive weights, exact Gaussian moments; 257 is refused."""
-    x, w = (np.asarray(a) for a in gauss_hermite(256))
+    x, w = (np.asarray(a) for a in gauss_hermite(n_nodes=256))
     x = x[:, 0]
     assert np.all(np.isfinite(x)) and np.all(w >= 0)
     np.testing.assert_allclose([w @ x**2, w @ x**4, w @ np.cos(x)], [1.0, 3.0, np.exp(-0.5)], rtol=1e-12)
-    assert_rejects(lambda: gauss_hermite(257), "n_nodes")
+    assert_rejects(lambda: gauss_hermite(n_nodes=257), "n_nodes")
 
 
 @SETTINGS
@@ -58,7 +58,7 @@ def test_gauss_hermite_at_its_largest_rule():
 def test_gauss_hermite_rule_is_exact_to_degree_2n_minus_1(n_nodes, dim, dtype):
     """Positive weights summing to one, symmetric nodes, exact Gaussian moments up to degree 2 n - 1."""
     assume(n_nodes**dim <= 20_000)
-    nodes, weights = gauss_hermite(n_nodes, dim, dtype=dtype)
+    nodes, weights = gauss_hermite(n_nodes=n_nodes, dim=dim, dtype=dtype)
     x, w = np.asarray(nodes, np.float64), np.asarray(weights, np.float64)
     assert x.shape == (n_nodes**dim, dim) and w.shape == (n_nodes**dim,)
     assert np.all(np.isfinite(x)) and np.all(w >= 0)
@@ -87,7 +87,7 @@ def test_mixture_expectation_against_monte_carlo():
     fn = lambda y: jnp.tanh(y[:, 0]) * jnp.cos(y[:, 1])  # noqa: E731
     quad = mixture_expectation(mix, fn, projection=A, n_nodes=40)
     np.testing.assert_allclose(quad, mixture_expectation(mix, fn, projection=A, n_nodes=60), atol=1e-10)
-    mean, se = monte_carlo_expectation(mix, fn, jax.random.key(5), 400_000, projection=A)
+    mean, se = monte_carlo_expectation(mix, fn, A, key=jax.random.key(5), n_samples=400_000)
     assert abs(float(mean - quad)) < 5 * float(se)
 
 
@@ -204,14 +204,14 @@ def test_monte_carlo_expectation_within_its_error(mix, a, key):
     and then the estimated standard error misses its variance too.
     """
     A = a[:, :mix.dim].astype(mix.dtype)
-    mean, se = (float(v) for v in monte_carlo_expectation(mix, lambda y: y[:, 0], key, 256, projection=A))
+    mean, se = (float(v) for v in monte_carlo_expectation(mix, lambda y: y[:, 0], A, key=key, n_samples=256))
     assert np.isfinite(mean) and np.isfinite(se) and se >= 0
     a64, w, m, c = (np.asarray(v, np.float64) for v in (A[0], mix.weights, mix.means, mix.covs))
     exact = float(w @ (m @ a64))
     var = float(w @ (np.einsum("i,kij,j->k", a64, c, a64) + (m @ a64) ** 2)) - exact**2
     slack = 10 * tol(mix.dtype) * (1 + abs(exact) + np.abs(m).max() * np.abs(a64).max() * 3)
     assert abs(mean - exact) <= 6 * np.sqrt(max(var, 0.0) / 256) + slack
-    assert float(monte_carlo_expectation(mix, lambda y: y[:, 0], key, 256, projection=A)[0]) == mean
+    assert float(monte_carlo_expectation(mix, lambda y: y[:, 0], A, key=key, n_samples=256)[0]) == mean
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -266,4 +266,4 @@ def test_monte_carlo_expectation_rejects_invalid(mix, data):
 @pytest.mark.parametrize("n_samples", [1, 0])
 def test_monte_carlo_needs_two_samples(n_samples):
     with pytest.raises(ValueError, match="`n_samples` must be an integer >= 2"):
-        monte_carlo_expectation(unequal_mixture(), lambda y: y[:, 0], jax.random.key(0), n_samples)
+        monte_carlo_expectation(unequal_mixture(), lambda y: y[:, 0], key=jax.random.key(0), n_samples=n_samples)
