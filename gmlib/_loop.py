@@ -41,7 +41,7 @@ class TrainResult(NamedTuple):
     trajectory: Any = None
 
 
-def run_chunks(block: Callable, state, n_records: int, *, chunk_records: int | None = None,
+def run_chunks(block: Callable, state, *, n_records: int, chunk_records: int | None = None,
                progress: bool = False, desc: str | None = None):
     """Advance ``state`` by ``n_records`` records, in chunks, with an optional tqdm bar.
 
@@ -68,7 +68,7 @@ def run_chunks(block: Callable, state, n_records: int, *, chunk_records: int | N
         ValueError: naming ``n_records`` or ``chunk_records`` when not a positive int.
 
     Example:
-        >>> state, losses = run_chunks(lambda s, k: scan_k_steps(s, k), state, 1000, progress=True)
+        >>> state, losses = run_chunks(lambda s, k: scan_k_steps(s, k), state, n_records=1000, progress=True)
     """
     n_records = C.scalar(n_records, "n_records", low=0, integer=True)
     if chunk_records is None:
@@ -168,7 +168,7 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
             return _block(state, dynamic, key, spec=spec, n_records=k)
 
     n_records = n_steps // record_every
-    state, (records, traj) = run_chunks(block, state, n_records, chunk_records=chunk_records, progress=progress,
+    state, (records, traj) = run_chunks(block, state, n_records=n_records, chunk_records=chunk_records, progress=progress,
                                         desc=desc or "training")
     steps = np.arange(1, n_records + 1) * record_every
     if metric is not None:  # the start point too

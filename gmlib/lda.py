@@ -705,7 +705,7 @@ def _train(step, problem, state, n_records, record_every, n_nodes, chunk_records
         return step(problem, state, record_every=record_every, n_records=k, n_nodes=n_nodes)
 
     theta0 = state[0]
-    state, (risks, traj) = run_chunks(block, state, n_records, chunk_records=chunk_records, progress=progress,
+    state, (risks, traj) = run_chunks(block, state, n_records=n_records, chunk_records=chunk_records, progress=progress,
                                       desc=desc)
     first = lambda a0, a: jnp.concatenate([a0[None], a])  # noqa: E731
     risks = first(_risk_jit(problem, theta0, n_nodes), risks)

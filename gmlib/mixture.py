@@ -147,6 +147,10 @@ class GaussianMixture:
             weights: shape (M,).
             means: shape (M, D).
             std: :math:`\sigma \ge 0`, a scalar or shape (M,) (one per component).
+
+        Raises:
+            ValueError: naming the argument, for a wrong shape, non-finite values, or the
+                constraints of :class:`GaussianMixture`.
         """
         dtype = C.common_float_dtype(weights, means, std)
         means = C.array(means, "means", (None, None), dtype=dtype, desc="(M, D)")
@@ -191,6 +195,9 @@ class GaussianMixture:
         r"""The law of :math:`X + \xi \varepsilon` with :math:`\varepsilon \sim \mathcal N(0, I_D)` independent.
 
         Each component's covariance becomes :math:`\Gamma_k + \xi^2 I_D`.
+
+        Raises:
+            ValueError: naming ``xi`` unless it is a finite scalar.
         """
         xi = C.array(xi, "xi", (), dtype=self.dtype, desc="() (a scalar)")
         noisy = self.covs + xi**2 * jnp.eye(self.dim, dtype=self.dtype)

@@ -34,8 +34,11 @@ STYLE = {
 
 def _positive_1d(a, name: str):
     try:
-        arr = np.asarray(a, dtype=np.float64)
-    except (TypeError, ValueError):  # complex, strings, ragged lists
+        arr = np.asarray(a)
+        if arr.dtype.kind not in "biuf":  # complex (a cast would drop the imaginary part), strings, objects
+            raise TypeError
+        arr = arr.astype(np.float64)
+    except (TypeError, ValueError):  # ragged lists too
         raise ValueError(f"`{name}` must be a 1-D array of real numbers; got {type(a).__name__}") from None
     if arr.ndim != 1 or arr.size < 2 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(f"`{name}` must be 1-D, with at least two entries, all positive and finite (a log-log "

@@ -369,7 +369,7 @@ def fit(loss: Callable, params, sampler: Callable, optimizer, key, *, n_steps: i
         with jax.numpy_dtype_promotion("standard"):
             return _fit_block(state, key, spec=spec, n_records=k)
 
-    (params, _, _), records = run_chunks(block, (params, opt_state, jnp.int32(0)), n_steps // record_every,
+    (params, _, _), records = run_chunks(block, (params, opt_state, jnp.int32(0)), n_records=n_steps // record_every,
                                          progress=progress, desc="training")
     return TrainResult(params, np.arange(1, n_steps // record_every + 1) * record_every, records)
 

@@ -1,0 +1,231 @@
+"""The API's one convention, held over every public callable of gmlib (book/api.md, "Conventions").
+
+Two parts: the signatures (random keys and sizes keyword-only, one default for
+``constant_token``, one name per object), read with ``inspect`` from every public
+function, class and method; and bad input: each public callable that takes arrays is
+called with one of them of a wrong shape, of a wrong dtype and (where its docstring says
+it checks finiteness) holding a NaN, and must raise a ``ValueError`` naming it. The
+examples of valid calls live in ``CASES`` below; a public callable without one fails
+``test_every_public_callable_has_a_case``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gmlib
+from strategies import assert_rejects
+
+MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.train"]
+#: sizes: keyword-only wherever they appear
+SIZES = {"n_nodes", "n_samples", "n_steps", "n_heads", "n_iter", "batch_size", "prompt_length", "record_every",
+         "chunk_records", "n_queries", "n_records"}
+#: names that must not be used, with the one name of the object
+SYNONYMS = {"tokens": "prompt", "n": "n_samples", "bayes_score": "bayes", "posterior": "responsibilities",
+            "sampler": "sample"}
+
+
+def _public_callables():
+    """``(qualified name, callable)`` for every public function, class and public method of a public class."""
+    seen = {}
+    for module in MODULES:
+        mod = importlib.import_module(module)
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if not callable(obj):
+                continue
+            seen.setdefault(f"{module}.{name}", obj)
+            if inspect.isclass(obj):
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_") or isinstance(member, property):
+                        continue
+                    fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+                    if callable(fn) and getattr(fn, "__module__", "").startswith("gmlib"):
+                        seen.setdefault(f"{module}.{name}.{attr}", getattr(obj, attr))
+    return sorted(seen.items())
+
+
+PUBLIC = _public_callables()
+
+
+def _parameters(fn):
+    try:
+        return inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return ()
+
+
+@pytest.mark.parametrize("name, fn", PUBLIC, ids=[n for n, _ in PUBLIC])
+def test_signature_follows_the_convention(name, fn):
+    """Keys and sizes keyword-only; ``constant_token`` keyword-only, default False; one name per object."""
+    wrong = []
+    for p in _parameters(fn):
+        if p.name in ("key", *SIZES) and p.kind is not p.KEYWORD_ONLY:
+            wrong.append(f"`{p.name}` must be keyword-only")
+        if p.name == "constant_token" and (p.kind is not p.KEYWORD_ONLY or p.default is not False):
+            wrong.append("`constant_token` must be keyword-only with default False")
+        if p.name in SYNONYMS:
+            wrong.append(f"`{p.name}` is called `{SYNONYMS[p.name]}` everywhere else")
+    assert not wrong, f"{name}: {'; '.join(wrong)}"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_public_attribute_has_a_second_name(module):
+    """No public class exposes an attribute under a synonym of the API's one name."""
+    mod = importlib.import_module(module)
+    clash = [f"{module}.{n}.{a}" for n in mod.__all__ if inspect.isclass(getattr(mod, n))
+             for a in dir(getattr(mod, n)) if a in SYNONYMS]
+    assert not clash, f"use the one name: {[(c, SYNONYMS[c.rsplit('.', 1)[1]]) for c in clash]}"
+
+
+# ============================================================================ bad input
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A valid call of a public callable: ``make() -> (fn, kwargs)``, and which kwargs are arrays to corrupt.
+
+    ``arrays``: the argument names that take an array (each gets a wrong shape and a
+    wrong dtype). ``finite``: those whose non-finite values are refused (the docstring
+    says so). An empty ``arrays`` says the callable takes no array (a loop, a plotting
+    helper): nothing to corrupt, the entry only records that it was looked at.
+    """
+
+    make: Callable
+    arrays: tuple = ()
+    finite: tuple = ()
+    bad_shape: Callable = staticmethod(lambda a: a[None])  # a batch axis: must not be silently broadcast
+
+
+def _mix():
+    return gmlib.GaussianMixture(np.array([0.3, 0.7]), np.array([[1.0, 0.0], [-1.0, 0.5]]),
+                                 np.stack([np.eye(2), 0.5 * np.eye(2)]))
+
+
+def _head():
+    return dict(queries=np.ones((3, 2)), U=0.5 * np.eye(2), V=np.eye(2))
+
+
+def _heads():
+    return gmlib.Heads(U=np.stack([np.eye(2), -np.eye(2)]), V=np.stack([np.eye(2), np.eye(2)]))
+
+
+_PROMPT = np.linspace(-1, 1, 10).reshape(5, 2)
+_NO_ARRAYS = Case(lambda: (None, {}))
+
+CASES: dict[str, Case] = {
+    "gmlib.GaussianMixture": Case(lambda: (gmlib.GaussianMixture, dict(
+        weights=np.array([0.3, 0.7]), means=np.zeros((2, 2)), covs=np.stack([np.eye(2)] * 2))),
+        ("weights", "means", "covs"), ("weights", "means", "covs")),
+    "gmlib.GaussianMixture.isotropic": Case(lambda: (gmlib.GaussianMixture.isotropic, dict(
+        weights=np.array([0.3, 0.7]), means=np.zeros((2, 2)), std=np.float64(0.5))),
+        ("weights", "means"), ("weights", "means")),
+    "gmlib.GaussianMixture.add_noise": Case(lambda: (_mix().add_noise, dict(xi=np.float64(0.5))), ("xi",), ("xi",)),
+    "gmlib.GaussianMixture.log_prob": Case(lambda: (_mix().log_prob, dict(z=np.ones((3, 2)))), ("z",), ("z",)),
+    "gmlib.GaussianMixture.responsibilities": Case(lambda: (_mix().responsibilities, dict(z=np.ones((3, 2)))),
+                                                   ("z",), ("z",)),
+    "gmlib.GaussianMixture.sample": _NO_ARRAYS,
+    "gmlib.GaussianMixture.mean": _NO_ARRAYS,
+    "gmlib.GaussianMixture.second_moment": _NO_ARRAYS,
+    "gmlib.GaussianMixture.covariance": _NO_ARRAYS,
+    "gmlib.GaussianMixture.astype": _NO_ARRAYS,
+    "gmlib.psd_sqrt": Case(lambda: (gmlib.psd_sqrt, dict(mats=np.eye(2))), ("mats",), ("mats",),
+                           bad_shape=lambda a: a[..., :1]),  # batched by design: not square is wrong
+    "gmlib.softmax_attention": Case(lambda: (gmlib.softmax_attention, dict(prompt=_PROMPT, **_head())),
+                                    ("prompt", "queries", "U", "V"), ("prompt", "queries", "U", "V")),
+    "gmlib.linear_attention": Case(lambda: (gmlib.linear_attention, dict(prompt=_PROMPT, **_head())),
+                                   ("prompt", "queries", "U", "V"), ("prompt", "queries", "U", "V")),
+    "gmlib.population_attention": Case(lambda: (gmlib.population_attention, dict(mixture=_mix(), **_head())),
+                                       ("queries", "U", "V"), ("queries", "U", "V")),
+    "gmlib.population_linear_attention": Case(lambda: (gmlib.population_linear_attention,
+                                                       dict(mixture=_mix(), **_head())),
+                                              ("queries", "U", "V"), ("queries", "U", "V")),
+    "gmlib.gates": Case(lambda: (gmlib.gates, dict(mixture=_mix(), queries=np.ones((3, 2)), U=np.eye(2))),
+                        ("queries", "U"), ("queries", "U")),
+    "gmlib.Heads": Case(lambda: (gmlib.Heads, dict(U=np.stack([np.eye(2)] * 2), V=np.ones((2, 1, 2)),
+                                                   W_out=np.ones((3, 2)))),
+                        ("U", "V", "W_out"), ("U", "V", "W_out")),
+    "gmlib.Heads.astype": _NO_ARRAYS,
+    "gmlib.apply_heads": Case(lambda: (gmlib.apply_heads, dict(heads=_heads(), prompt=_PROMPT,
+                                                               queries=np.ones((3, 2)))),
+                              ("prompt", "queries"), ("prompt", "queries")),
+    "gmlib.init_heads": _NO_ARRAYS,
+    "gmlib.mixture_expectation": Case(lambda: (gmlib.mixture_expectation, dict(
+        mixture=_mix(), fn=lambda y: y[:, 0], projection=np.ones((1, 2)))), ("projection",), ("projection",)),
+    "gmlib.monte_carlo_expectation": Case(lambda: (gmlib.monte_carlo_expectation, dict(
+        mixture=_mix(), fn=lambda y: y[:, 0], projection=np.ones((1, 2)), key=jax.random.key(0), n_samples=8)),
+        ("projection",), ("projection",)),
+    "gmlib.gauss_hermite": _NO_ARRAYS,
+    "gmlib.optimize": _NO_ARRAYS,
+    "gmlib.run_chunks": _NO_ARRAYS,
+    "gmlib.Batch": _NO_ARRAYS,  # a NamedTuple of what a sampler drew: no checks (it is built inside jit)
+    "gmlib.TrainResult": _NO_ARRAYS,
+    "gmlib.plotting.glue": _NO_ARRAYS,
+    "gmlib.plotting.loglog_slope": Case(lambda: (gmlib.plotting.loglog_slope, dict(
+        x=np.array([1.0, 2.0, 4.0]), y=np.array([1.0, 0.5, 0.25]))), ("x", "y"), ("x", "y")),
+}
+
+
+def _bad_inputs(case):
+    """``(argument, how, bad kwargs)`` for each corruption of each array argument of ``case``."""
+    fn, kwargs = case.make()
+    for name in case.arrays:
+        a = np.asarray(kwargs[name])
+        yield name, "a wrong shape", fn, {**kwargs, name: case.bad_shape(a)}
+        yield name, "complex dtype", fn, {**kwargs, name: a.astype(np.complex128) + 1j}
+        if name in case.finite:
+            nan = np.array(a, dtype=np.float64)
+            nan.reshape(-1)[0] = np.nan
+            yield name, "a NaN", fn, {**kwargs, name: nan}
+
+
+BAD = [(f"{qual}:{arg}:{how}", fn, bad, arg) for qual, case in CASES.items() if case.arrays
+       for arg, how, fn, bad in _bad_inputs(case)]
+
+
+def test_every_public_callable_has_a_case():
+    """Each public callable is in CASES (its valid call and its array arguments), and CASES names no stale one."""
+    public = {name for name, _ in PUBLIC}
+    missing, stale = sorted(public - set(CASES)), sorted(set(CASES) - public)
+    assert not missing and not stale, f"add to CASES: {missing}; remove from CASES: {stale}"
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_the_valid_call_runs(case):
+    """The example call of each case is valid (so that the corruptions below test what they claim)."""
+    fn, kwargs = CASES[case].make()
+    if fn is not None:
+        jax.block_until_ready(jax.tree.leaves(fn(**kwargs)))
+
+
+@pytest.mark.parametrize("label, fn, bad, name", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_raises_a_value_error_naming_it(label, fn, bad, name):
+    """A wrong shape, a wrong dtype or (where checked) a NaN in one argument: a ValueError that names it."""
+    assert_rejects(lambda: jax.block_until_ready(jax.tree.leaves(fn(**bad))), name)
+
+
+def test_the_finite_flags_follow_the_docstrings():
+    """An argument is listed as checked for finiteness exactly when the callable's docstring says it is checked."""
+    wrong = []
+    for qual, case in CASES.items():
+        if not case.arrays:
+            continue
+        fn, _ = case.make()
+        says = "finite" in (inspect.getdoc(fn) or "").lower()
+        if bool(case.finite) != says:
+            wrong.append(qual)
+    assert not wrong, f"docstring and CASES disagree on finiteness: {wrong}"
+
+
+def test_the_checks_see_through_jit():
+    """Shapes are still checked under jit (at trace time): the same message as outside."""
+    f = jax.jit(lambda q: gmlib.apply_heads(_heads(), jnp.asarray(_PROMPT), q))
+    assert_rejects(lambda: f(jnp.ones((3, 3))), "queries")
