@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import DTYPES, SETTINGS, Arg, arrays, assert_rejects, bad_positive_int, corrupt, floats, tol
+from strategies import DTYPES, SETTINGS, Arg, arrays, assert_rejects, bad_positive_int, corrupt, tol
 
 import gmlib
 from gmlib import Batch, GaussianMixture, Heads, apply_heads, init_heads, population_attention, softmax_attention
