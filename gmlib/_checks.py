@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gmlib._dtypes import _float, _is_float, common_float_dtype, is_concrete  # noqa: F401 (re-exported)
+
 __all__ = [
     "array",
     "finite",
@@ -29,48 +31,11 @@ __all__ = [
 ]
 
 
-def is_concrete(x) -> bool:
-    """True when ``x`` holds values we can inspect (not an abstract tracer)."""
-    return not isinstance(x, jax.core.Tracer)
-
-
-def common_float_dtype(*arrays):
-    """The widest floating dtype among ``arrays`` (default float if none is floating).
-
-    Explicit, so that gmlib works under ``jax_numpy_dtype_promotion = "strict"``.
-    """
-    best = None
-    for a in arrays:
-        dt = getattr(a, "dtype", None)
-        if dt is None:
-            try:
-                dt = np.asarray(a).dtype
-            except Exception:  # ragged or non-numeric: array() reports it
-                continue
-            if dt == np.float64:  # Python floats are weak: they follow the other arguments
-                continue
-        elif not isinstance(dt, np.dtype):
-            try:
-                dt = np.dtype(dt)
-            except TypeError:  # e.g. a typed PRNG key: not floating
-                continue
-        if (dt.kind == "f" or _is_float(dt)) and dt.itemsize <= 8 and (best is None or dt.itemsize > best.itemsize):
-            best = dt  # float128 is not: array() reports it
-    if best is not None and best.itemsize < 8:  # already canonical (only 64-bit types change)
-        return best
-    return jax.dtypes.canonicalize_dtype(jnp.float64 if best is None else best)
-
-
 def _describe(shape, dims=None) -> str:
     """``(M, d) with d = 3``: the shape's named dimensions, and the sizes ``dims`` binds."""
     text = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
     bound = [f"{k} = {v}" for k, v in (dims or {}).items() if k in shape]
     return text + (" with " + ", ".join(bound) if bound else "")
-
-
-def _is_float(dt) -> bool:
-    """Whether numpy dtype ``dt`` is floating (numpy's kinds, and ml_dtypes' bfloat16 and friends)."""
-    return dt.kind == "f" or (dt.kind == "V" and jnp.issubdtype(dt, jnp.floating))
 
 
 def _real_dtype(dt, name: str) -> None:
@@ -245,15 +210,6 @@ def finite_kernel(*names, static_argnums=()):
         return call
 
     return decorate
-
-
-def _float(dt, dtype):
-    """The floating dtype an array of dtype ``dt`` becomes (``dtype`` when given)."""
-    if dtype is not None:
-        return dtype
-    if _is_float(np.dtype(dt)):
-        return dt
-    return jax.dtypes.canonicalize_dtype(jnp.float64)
 
 
 def scalar(x, name: str, *, low=None, high=None, strict: bool = True, integer: bool = False):

@@ -34,7 +34,6 @@ from gmlib import _checks as C
 from gmlib import _random
 from gmlib._pytree import unchecked
 from gmlib.attention import (
-    _arrays,
     _auto_block_size,
     _population,
     _population_linear,
@@ -187,36 +186,24 @@ def apply_heads(heads: Heads, prompt, queries, *, kind: str = "softmax", block_s
     if not isinstance(heads, Heads):
         raise ValueError(f"`heads` must be a gmlib.Heads; got {type(heads).__name__}")
     C.check_choice(kind, "kind", _KINDS)
-    population = isinstance(prompt, GaussianMixture)
-    D = heads.dim
-    if population:
-        if prompt.dim != D:
-            raise ValueError(f"`prompt` must be a mixture on R^D with D = {D} (the heads' dimension); "
-                             f"got a mixture on R^{prompt.dim}")
-        if mask is not None:
-            raise ValueError("`mask` is for a finite prompt of tokens; got a mask with a GaussianMixture")
-    (prompt,) = (prompt,) if population else _arrays(prompt, names=("prompt",))
-    (queries,) = _arrays(queries, names=("queries",))
-    if not population and (prompt.ndim != 2 or prompt.shape[1] != D or prompt.shape[0] < 1):
-        raise ValueError(f"`prompt` must have shape (L, D) with D = {D} (the heads' dimension) and L >= 1, "
-                         f"or be a GaussianMixture; got {tuple(prompt.shape)}")
-    if queries.ndim != 2 or queries.shape[1] != D:
-        raise ValueError(f"`queries` must have shape (Q, D) with D = {D} (the heads' dimension); "
-                         f"got {tuple(queries.shape)}")
-    if mask is not None:
-        mask = jnp.asarray(mask)
-        if mask.shape != prompt.shape[:1] or mask.dtype != jnp.bool_:
-            raise ValueError(f"`mask` must be a boolean array (L,) = ({prompt.shape[0]},); got {mask.dtype} "
-                             f"of shape {tuple(mask.shape)}")
-        if block_size is not None:
-            raise ValueError("`mask` and `block_size` cannot be combined; pad less, or drop the mask")
-    if block_size is not None and not population and kind == "softmax":
-        if isinstance(block_size, str) and block_size == "auto":
-            block_size = _auto_block_size(queries.shape[0], prompt.shape[0])
-        elif not (isinstance(block_size, (int, np.integer)) and not isinstance(block_size, bool) and block_size > 0):
-            raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
-        block_size = None if block_size >= prompt.shape[0] else int(block_size)
-    else:
+    population, D = isinstance(prompt, GaussianMixture), heads.dim
+    if population and (prompt.dim != D or mask is not None):
+        raise ValueError(f"`prompt` must be a mixture on R^{D} (the heads' dimension), without a `mask`")
+    prompt, queries = (prompt if population else C.array(prompt, "prompt", ("L", "D"), dims={"D": D}, finite=False,
+                                                         min_rows=1),
+                       C.array(queries, "queries", ("Q", "D"), dims={"D": D}, finite=False))
+    if mask is not None and (jnp.shape(mask) != prompt.shape[:1] or jnp.result_type(mask) != jnp.bool_):
+        raise ValueError(f"`mask` must be a boolean array (L,) = ({prompt.shape[0]},); got {jnp.result_type(mask)} "
+                         f"of shape {jnp.shape(mask)}")
+    if block_size is not None and (mask is not None or not isinstance(block_size, (int, np.integer, str))):
+        raise ValueError(f'`block_size` must be None, a positive int or "auto", without a `mask`; got {block_size!r}')
+    if population or kind == "linear" or block_size is None:
+        block_size = None
+    elif block_size == "auto":
+        block_size = _auto_block_size(queries.shape[0], prompt.shape[0])
+    elif isinstance(block_size, str) or isinstance(block_size, bool) or block_size <= 0:
+        raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
+    if block_size is not None and block_size >= prompt.shape[0]:
         block_size = None
     out = _apply(heads, prompt, queries, mask, kind=kind, block_size=block_size)
     if not isinstance(out, jax.core.Tracer) and not np.isfinite(np.asarray(out)).all():

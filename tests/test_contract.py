@@ -45,7 +45,7 @@ def _public_callables():
             seen.setdefault(f"{module}.{name}", obj)
             if inspect.isclass(obj):
                 for attr, member in vars(obj).items():
-                    if attr.startswith("_") or isinstance(member, property):
+                    if attr.startswith(("_", "tree_")) or isinstance(member, property):  # tree_*: pytree protocol
                         continue
                     fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
                     if callable(fn) and getattr(fn, "__module__", "").startswith("gmlib"):
