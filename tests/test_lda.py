@@ -903,6 +903,8 @@ def test_training_rejects_invalid(pt, data, fn):
 @SETTINGS
 @given(prob=problems(dtype=np.float64), data=st.data())
 def test_problem_methods_reject_invalid(prob, data):
-    # (sample's key and n: jax.random refuses a bad key or size itself)
+    # (sample's key: jax.random refuses a bad key itself)
     name, bad = data.draw(corrupt(dict(n_nodes=20), {"n_nodes": INT}))
     assert_rejects(lambda: prob.bayes_risk(**bad), name)
+    name, bad = data.draw(corrupt(dict(n_samples=3), {"n_samples": INT}))
+    assert_rejects(lambda: prob.sample(key=jax.random.key(0), **bad), name)
