@@ -267,3 +267,54 @@ def test_monte_carlo_expectation_rejects_invalid(mix, data):
 def test_monte_carlo_needs_two_samples(n_samples):
     with pytest.raises(ValueError, match="`n_samples` must be an integer >= 2"):
         monte_carlo_expectation(unequal_mixture(), lambda y: y[:, 0], key=jax.random.key(0), n_samples=n_samples)
+
+
+# ---------------------------------------------------------------------------- the gated rule of the LDA risk
+
+
+def _poly(y, p):
+    """y1^2 + y1 y2 + p0 y2: E = C11 + mu1^2 + C12 + mu1 mu2 + p0 mu2 under N(mu, C)."""
+    return y[:, 0] ** 2 + y[:, 0] * y[:, 1] + p[0] * y[:, 1]
+
+
+@pytest.mark.parametrize("cov", [[[1.5, 0.4], [0.4, 0.8]], [[1.0, 2.0], [2.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]]])
+def test_gated_expectation_of_a_polynomial_and_its_derivatives(cov):
+    """Exact moments at full-rank, rank-one and zero C; the Stein-identity derivatives in mu and in a
+    symmetric dC are the closed form's (finite there, where the rule's square roots are not differentiable)."""
+    from gmlib.quadrature import _gated_expectation
+
+    mu, cov, p = jnp.array([0.3, -0.7]), jnp.array(cov), jnp.array([0.5, 0.2, 0.4])
+    f = jax.jit(lambda mu, cov, p: _gated_expectation(_poly, 96, mu, cov, p))
+    exact = lambda mu, cov, p: cov[0, 0] + mu[0] ** 2 + cov[0, 1] + mu[0] * mu[1] + p[0] * mu[1]  # noqa: E731
+    np.testing.assert_allclose(f(mu, cov, p), exact(mu, cov, p), atol=1e-12)
+    tangents = (jnp.array([0.2, -1.0]), jnp.array([[0.3, -0.5], [-0.5, 0.7]]), jnp.array([1.0, 0.0, 0.0]))
+    _, got = jax.jvp(f, (mu, cov, p), tangents)
+    _, want = jax.jvp(exact, (mu, cov, p), tangents)
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    g_mu = jax.grad(f)(mu, cov, p)
+    np.testing.assert_allclose(g_mu, [2 * mu[0] + mu[1], mu[0] + p[0]], atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
+def test_gated_expectation_resolves_a_steep_gate():
+    """E[sigmoid(s0 + Y2)] with sd(Y2) = 100 (a step 1/100 of the spread) and its mu-derivative, against
+    scipy's adaptive quadrature split at the step; a plain 64-node Gauss-Hermite rule misses it by far more."""
+    from scipy import integrate, stats
+    from scipy.special import expit
+
+    from gmlib.quadrature import _gated_expectation
+
+    s0, m2, sd = 0.4, 30.0, 100.0
+    gate = lambda y, p: jax.nn.sigmoid(p[2] + y[:, 1])  # noqa: E731
+    mu, cov, p = jnp.array([0.0, m2]), jnp.array([[1.0, 0.0], [0.0, sd**2]]), jnp.array([0.0, 0.0, s0])
+    f = jax.jit(lambda mu: _gated_expectation(gate, 96, mu, cov, p))
+    step = -s0 - m2
+    opts = dict(epsabs=1e-15, epsrel=1e-14, limit=400)
+    pieces = ((m2 - 12 * sd, step), (step, m2 + 12 * sd))
+    value = sum(integrate.quad(lambda t: expit(s0 + t) * stats.norm.pdf(t, m2, sd), a, b, **opts)[0] for a, b in pieces)
+    slope = sum(integrate.quad(lambda t: expit(s0 + t) * (1 - expit(s0 + t)) * stats.norm.pdf(t, m2, sd), a, b,
+                               **opts)[0] for a, b in pieces)
+    assert abs(float(f(mu)) - value) < 1e-12
+    assert abs(float(jax.grad(f)(mu)[1]) - slope) < 1e-12
+    x, w = np.polynomial.hermite_e.hermegauss(64)
+    assert abs((w / w.sum()) @ expit(s0 + m2 + sd * x) - value) > 1e-6
