@@ -50,7 +50,7 @@ def problem_and_heads():
     heads = {
         "Bayes θ1": lda.bayes_head(prob, "theta1"),
         "Bayes θ2 (s = 0)": lda.bayes_head(prob, "theta2"),
-        "random": lda.HeadParams.normal(jax.random.key(1), D, scale=1 / np.sqrt(D)),
+        "random": lda.HeadParams.normal(D, key=jax.random.key(1), scale=1 / np.sqrt(D)),
     }
     return prob, heads
 
@@ -194,7 +194,7 @@ def _monte_carlo(prob, theta, ref, k, quick):
 
     def mc_fn(n):
         def one(key):
-            x, y = prob.sample(key, n)
+            x, y = prob.sample(key=key, n_samples=n)
             return jnp.mean(jax.nn.softplus(-y * lda.predict(prob, theta, x)))
 
         return jax.jit(one)

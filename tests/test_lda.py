@@ -141,7 +141,7 @@ def test_predict_matches_finite_prompt_softmax_attention():
     P = make(C1)
     th = lda.HeadParams([[0.4, -0.3], [0.2, 0.5]], [0.3, -0.2], [0.8, -0.6], 0.4)
     L = 400_000
-    toks, _ = P.prompt.sample(jax.random.key(5), L)
+    toks, _ = P.prompt.sample(key=jax.random.key(5), n_samples=L)
     x = np.array([[0.5, -0.3], [-1.0, 0.8], [0.0, 0.0]])
     q = np.concatenate([x, np.zeros((3, 1))], axis=1)
     out = gmlib.apply_heads(lda.to_attention(th), toks, q, block_size=100_000)[:, 0]
