@@ -118,7 +118,10 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
     differ only in those arrays share one compilation; anything else they close over is
     part of the program (a new function object compiles anew). ``optimize`` can itself run
     under ``jax.vmap`` or ``jax.jit`` (no progress bar then): runs over seeds, start
-    points or prompt lengths side by side (see :func:`gmlib.train.sweep`).
+    points or prompt lengths side by side (see :func:`gmlib.train.sweep`); write
+    ``jax.jit(jax.vmap(run))`` so that the batched program is compiled once, not at every
+    call. With a ``metric`` only the gradient of the loss is computed (its values are not
+    recorded).
 
     Args:
         loss: ``loss(params) -> scalar``, or ``loss(params, batch) -> scalar`` with
@@ -233,10 +236,11 @@ def _block(state, data, key, *, spec, n_records):
 
     def step(carry, t):
         params, opt_state = carry
-        if sample is None:
-            value, grads = jax.value_and_grad(loss)(params)
+        args = () if sample is None else (sample(jax.random.fold_in(key, t)),)
+        if spec.has_metric:  # the losses are not recorded: the gradient alone
+            value, grads = None, jax.grad(loss)(params, *args)
         else:
-            value, grads = jax.value_and_grad(loss)(params, sample(jax.random.fold_in(key, t)))
+            value, grads = jax.value_and_grad(loss)(params, *args)
         updates, opt_state = opt.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), value
 
