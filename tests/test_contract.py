@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import gmlib
+from gmlib import lda
 from strategies import assert_rejects
 
 MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.train"]
@@ -54,6 +55,7 @@ def _public_callables():
 
 
 PUBLIC = _public_callables()
+_PUBLIC_BY_NAME = dict(PUBLIC)
 
 
 def _parameters(fn):
@@ -103,6 +105,7 @@ class Case:
     arrays: tuple = ()
     finite: tuple = ()
     bad_shape: Callable = staticmethod(lambda a: a[None])  # a batch axis: must not be silently broadcast
+    named: str = "{}"  # how the message names an argument ("theta.{}": a leaf of theta)
 
 
 def _mix():
@@ -116,6 +119,14 @@ def _head():
 
 def _heads():
     return gmlib.Heads(U=np.stack([np.eye(2), -np.eye(2)]), V=np.stack([np.eye(2), np.eye(2)]))
+
+
+def _c1():
+    return lda.LDAProblem(np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.eye(2), 0.6)
+
+
+def _theta():
+    return lda.HeadParams(np.eye(2), np.ones(2), np.ones(2), np.float64(0.5))
 
 
 _PROMPT = np.linspace(-1, 1, 10).reshape(5, 2)
@@ -169,6 +180,36 @@ CASES: dict[str, Case] = {
     "gmlib.Batch": _NO_ARRAYS,  # a NamedTuple of what a sampler drew: no checks (it is built inside jit)
     "gmlib.TrainResult": _NO_ARRAYS,
     "gmlib.plotting.glue": _NO_ARRAYS,
+    # ---- gmlib.lda
+    "gmlib.lda.LDAProblem": Case(lambda: (lda.LDAProblem, dict(
+        mean_pos=np.array([1.0, 0.0]), mean_neg=np.array([0.0, 1.0]), cov=np.eye(2), p_pos=np.float64(0.6))),
+        ("mean_pos", "mean_neg", "cov", "p_pos"), ("mean_pos", "mean_neg", "cov", "p_pos")),
+    "gmlib.lda.LDAProblem.bayes": Case(lambda: (_c1().bayes, dict(x=np.ones((3, 2)))), ("x",), ("x",)),
+    "gmlib.lda.LDAProblem.bayes_params": _NO_ARRAYS,
+    "gmlib.lda.LDAProblem.bayes_risk": _NO_ARRAYS,
+    "gmlib.lda.LDAProblem.sample": _NO_ARRAYS,
+    "gmlib.lda.LDAProblem.astype": _NO_ARRAYS,
+    "gmlib.lda.HeadParams": _NO_ARRAYS,  # a container (built inside jit): checked by what takes it
+    "gmlib.lda.effective@theta": Case(lambda: (lambda **kw: lda.effective(_c1(), lda.HeadParams(**kw)), dict(
+        U11=np.eye(2), u12=np.ones(2), v21=np.ones(2), v22=np.float64(0.5))),
+        ("U11", "u12", "v21", "v22"), ("U11", "u12", "v21", "v22"), named="theta.{}"),
+    "gmlib.lda.HeadParams.zeros": _NO_ARRAYS,
+    "gmlib.lda.HeadParams.normal": _NO_ARRAYS,
+    "gmlib.lda.HeadParams.astype": _NO_ARRAYS,
+    "gmlib.lda.prompt_sampler": _NO_ARRAYS,  # takes a validated LDAProblem
+    "gmlib.lda.to_attention": _NO_ARRAYS,  # takes a validated HeadParams
+    "gmlib.lda.effective": _NO_ARRAYS,
+    "gmlib.lda.predict": Case(lambda: (lda.predict, dict(problem=_c1(), theta=_theta(), x=np.ones((3, 2)))),
+                              ("x",), ("x",)),
+    "gmlib.lda.risk": _NO_ARRAYS,
+    "gmlib.lda.effective_risk": Case(lambda: (lda.effective_risk, dict(
+        problem=_c1(), w=np.ones(2), b=np.float64(0.1), r=np.float64(0.2), s=np.ones(2), n_nodes=8)),
+        ("w", "b", "r", "s"), ("w", "b", "r", "s")),
+    "gmlib.lda.bayes_head": _NO_ARRAYS,
+    "gmlib.lda.gradient_descent": _NO_ARRAYS,
+    "gmlib.lda.sgd": _NO_ARRAYS,
+    # ---- gmlib.train
+    "gmlib.train.sweep": _NO_ARRAYS,
     "gmlib.plotting.loglog_slope": Case(lambda: (gmlib.plotting.loglog_slope, dict(
         x=np.array([1.0, 2.0, 4.0]), y=np.array([1.0, 0.5, 0.25]))), ("x", "y"), ("x", "y")),
 }
@@ -187,14 +228,14 @@ def _bad_inputs(case):
             yield name, "a NaN", fn, {**kwargs, name: nan}
 
 
-BAD = [(f"{qual}:{arg}:{how}", fn, bad, arg) for qual, case in CASES.items() if case.arrays
+BAD = [(f"{qual}:{arg}:{how}", fn, bad, case.named.format(arg)) for qual, case in CASES.items() if case.arrays
        for arg, how, fn, bad in _bad_inputs(case)]
 
 
 def test_every_public_callable_has_a_case():
     """Each public callable is in CASES (its valid call and its array arguments), and CASES names no stale one."""
-    public = {name for name, _ in PUBLIC}
-    missing, stale = sorted(public - set(CASES)), sorted(set(CASES) - public)
+    public, cases = {name for name, _ in PUBLIC}, {name.split("@")[0] for name in CASES}  # name@arg: one more case
+    missing, stale = sorted(public - cases), sorted(cases - public)
     assert not missing and not stale, f"add to CASES: {missing}; remove from CASES: {stale}"
 
 
@@ -219,6 +260,7 @@ def test_the_finite_flags_follow_the_docstrings():
         if not case.arrays:
             continue
         fn, _ = case.make()
+        fn = _PUBLIC_BY_NAME[qual.split("@")[0]]
         says = "finite" in (inspect.getdoc(fn) or "").lower()
         if bool(case.finite) != says:
             wrong.append(qual)
