@@ -228,8 +228,8 @@ def _bad_inputs(case):
             yield name, "a NaN", fn, {**kwargs, name: nan}
 
 
-BAD = [(f"{qual}:{arg}:{how}", fn, bad, case.named.format(arg)) for qual, case in CASES.items() if case.arrays
-       for arg, how, fn, bad in _bad_inputs(case)]
+BAD = [(f"{qual}:{arg}:{how}", fn, bad, (arg, case.named.format(arg))) for qual, case in CASES.items()
+       if case.arrays for arg, how, fn, bad in _bad_inputs(case)]
 
 
 def test_every_public_callable_has_a_case():
@@ -247,10 +247,10 @@ def test_the_valid_call_runs(case):
         jax.block_until_ready(jax.tree.leaves(fn(**kwargs)))
 
 
-@pytest.mark.parametrize("label, fn, bad, name", BAD, ids=[b[0] for b in BAD])
-def test_bad_input_raises_a_value_error_naming_it(label, fn, bad, name):
+@pytest.mark.parametrize("label, fn, bad, names", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_raises_a_value_error_naming_it(label, fn, bad, names):
     """A wrong shape, a wrong dtype or (where checked) a NaN in one argument: a ValueError that names it."""
-    assert_rejects(lambda: jax.block_until_ready(jax.tree.leaves(fn(**bad))), name)
+    assert_rejects(lambda: jax.block_until_ready(jax.tree.leaves(fn(**bad))), *names)
 
 
 def test_the_finite_flags_follow_the_docstrings():
