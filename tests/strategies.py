@@ -192,6 +192,48 @@ def equal_norm_problems(draw, dtype=None, d=None, gamma=None, xi=None):
                             dtype(gamma), dtype(xi))
 
 
+def numpy_softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def numpy_heads_on_tokens(U, V, tokens, z):
+    """Softmax attention of each head over the tokens, in numpy: (H, Q, D_v), head h's rows
+    V_h sum_i softmax_i(z_i^T U_h z) z_i."""
+    U, V, tokens, z = (np.asarray(a, np.float64) for a in (U, V, tokens, z))
+    out = []
+    for Uh, Vh in zip(U, V):
+        w = numpy_softmax(tokens @ Uh @ z.T, axis=0)  # (L, Q)
+        out.append(w.T @ tokens @ Vh.T)
+    return np.stack(out)
+
+
+def numpy_affine_optimum(weights, means, gamma, xi):
+    """Cov(X, Z) Cov(Z)^-1 and E X - A E Z, from the moments of the mixture written out in numpy."""
+    mean = weights @ means
+    cov = gamma**2 * np.eye(means.shape[1]) + (weights[:, None] * (means - mean)).T @ (means - mean)
+    A = np.linalg.solve(cov + xi**2 * np.eye(len(mean)), cov).T  # Cov(X, Z) = Cov(X), Cov(Z) = Cov(X) + xi^2 I
+    return A, mean - A @ mean
+
+
+def numpy_em(z, s, n_iter):
+    """EM for two components of known covariance s I, from the start of denoise.estimate_task."""
+    lam, vec = np.linalg.eigh(np.cov(z.T).reshape(z.shape[1], z.shape[1]))
+    step = np.sqrt(lam[-1]) * vec[:, -1]
+    means, w = np.stack([z.mean(0) + step, z.mean(0) - step]), np.array([0.5, 0.5])
+    for _ in range(n_iter):
+        r = numpy_softmax(np.log(w) - ((z[:, None, :] - means) ** 2).sum(-1) / (2 * s), axis=1)
+        w, means = r.mean(0), (r.T @ z) / r.sum(0)[:, None]
+    return w, means
+
+
+def match_labels(w, means, ref_means):
+    """The labelling of two components (w, means) closest to ref_means (EM is defined up to swapping labels)."""
+    if np.linalg.norm(means - ref_means) > np.linalg.norm(means[::-1] - ref_means):
+        return w[::-1], means[::-1]
+    return w, means
+
+
 def as_f64(a):
     """A float64 numpy copy (for comparisons in numpy)."""
     return np.asarray(a, np.float64)
