@@ -234,6 +234,16 @@ def match_labels(w, means, ref_means):
     return w, means
 
 
+def weight_z_scores(batch):
+    """Per prompt of a denoise.task_sampler batch with gamma = 0 (every clean point on its component's mean):
+    (fraction of targets at m_1 - pi_1) / its binomial standard error."""
+    means, weights = (np.asarray(x) for x in batch.aux)
+    pts = np.asarray(batch.targets)
+    at_first = np.linalg.norm(pts - means[:, None, 0], axis=-1) < np.linalg.norm(pts - means[:, None, 1], axis=-1)
+    p = weights[:, 0]
+    return (at_first.mean(1) - p) / np.sqrt(p * (1 - p) / pts.shape[1])
+
+
 def as_f64(a):
     """A float64 numpy copy (for comparisons in numpy)."""
     return np.asarray(a, np.float64)
