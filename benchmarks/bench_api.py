@@ -96,10 +96,12 @@ def count_statements(source: str, whole_module_is_validation: bool = False) -> t
 def validation_shares() -> dict[str, tuple[int, int]]:
     """Per module of gmlib: ``(executable, validation)`` statements."""
     out = {}
-    for fname in sorted(os.listdir(ROOT)):
-        if fname.endswith(".py"):
-            with open(os.path.join(ROOT, fname)) as fh:
-                out[fname] = count_statements(fh.read(), whole_module_is_validation=fname == "_checks.py")
+    for folder, _, files in sorted(os.walk(ROOT)):  # subpackages too (gmlib/denoise/)
+        for fname in sorted(files):
+            if fname.endswith(".py"):
+                name = os.path.relpath(os.path.join(folder, fname), ROOT)
+                with open(os.path.join(folder, fname)) as fh:
+                    out[name] = count_statements(fh.read(), whole_module_is_validation=name == "_checks.py")
     return out
 
 
