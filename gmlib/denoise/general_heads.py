@@ -130,9 +130,10 @@ def heads_needed(problem: DenoisingProblem, *, constant_token: bool = False):
     never for three collinear ones), and without the constant coordinate that sphere must
     be centred at 0 (equal :math:`S^{-1}`-norms). It is the fewest heads of *this*
     construction, not always of every construction with the Bayes gates: with the constant
-    coordinate the last column of the values absorbs a constant, and the book's chapter 8
-    shows a case (d = 3, M = 3, a turned Γ) where two such heads are exact while this
-    count is 3; there the necessary count is :math:`(h + 1)(d - r) \ge d`.
+    coordinate the last column of the values absorbs a constant, and :func:`fewer_heads`
+    builds d − 1 such heads where the means span a hyperplane and Proposition 8.3's
+    condition holds (the book's chapter 8: d = 3, M = 3, a turned Γ, where this count is 3);
+    there the necessary count is :math:`(h + 1)(d - r) \ge d`.
 
     Args:
         problem: a :class:`DenoisingProblem` (concrete values).
@@ -142,7 +143,7 @@ def heads_needed(problem: DenoisingProblem, *, constant_token: bool = False):
         an int, or ``None``.
 
     Example:
-        >>> denoise.heads_needed(prob, constant_token=True)  # 3 means in d = 3: 2
+        >>> denoise.heads_needed(prob, constant_token=True)  # 3 means in general position, d = 3: 3
     """
     _, need, why = _plan(problem, constant_token)
     return None if why is not None else need
