@@ -21,9 +21,9 @@ def run(quick: bool, log) -> tuple[list[Table], list[Goal]]:
     try:
         from gmlib import denoise as dn
 
-        for name in ("DenoisingProblem", "linear_optimum", "linear_gap", "two_head_bayes",
-                     "multi_head_attention"):
+        for name in ("DenoisingProblem", "linear_optimum", "linear_gap", "two_head_bayes"):
             getattr(dn, name)
+        from gmlib import apply_heads
         dn.DenoisingProblem.excess_risk  # noqa: B018
     except (ImportError, AttributeError) as exc:
         print(f"  [skip] denoising benchmark: gmlib.denoise is not available ({exc})")
@@ -38,7 +38,7 @@ def run(quick: bool, log) -> tuple[list[Table], list[Goal]]:
         return prob.excess_risk(lambda z: z @ A.T, n_nodes=k)
 
     def two_heads(hs, k):
-        return prob.excess_risk(lambda z: dn.multi_head_attention(prob.noisy, z, hs), n_nodes=k)
+        return prob.excess_risk(lambda z: apply_heads(hs, prob.noisy, z), n_nodes=k)
 
     log("  denoising accuracy")
     nodes = (10, 40, 80) if quick else NODES

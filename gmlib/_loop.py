@@ -127,7 +127,12 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
         loss: ``loss(params) -> scalar``, or ``loss(params, batch) -> scalar`` with
             ``sample``; JAX-traceable.
         params: the start point, any pytree of floating arrays (e.g. a :class:`gmlib.Heads`).
-        optimizer: an ``optax.GradientTransformation``.
+        optimizer: an ``optax.GradientTransformation``. A line-search method whose state
+            stores the value and gradient (``optax.lbfgs``, or a chain ending in
+            ``optax.scale_by_zoom_linesearch``) works with a deterministic ``loss``: each
+            step hands it ``value``, ``grad`` and ``value_fn=loss`` and reuses the value
+            and gradient its line search computed at the accepted point
+            (``optax.value_and_grad_from_state``), as optax's L-BFGS examples do.
         n_steps: the number of steps, a multiple of ``record_every``.
         record_every: steps between two records.
         sample: ``sample(key) -> batch``, a fresh batch per step, or ``None``.
@@ -162,9 +167,10 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
     if sample is not None and key is None:
         raise ValueError("`key` must be a jax.random key when `sample` draws the batches; got None")
     dynamic, static = _partition((loss, sample, metric))
-    spec = _Spec(static, optimizer, record_every, metric is not None, bool(trajectory))
     with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats with int32 counts
         state = (params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    line_search = sample is None and _stores_value(state[1])
+    spec = _Spec(static, optimizer, record_every, metric is not None, bool(trajectory), line_search)
 
     def block(state, k):
         with jax.numpy_dtype_promotion("standard"):
@@ -180,6 +186,15 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
         traj = jax.tree.map(first, params, traj) if trajectory else None
         steps = np.concatenate([[0], steps])
     return TrainResult(state[0], steps, records, traj if trajectory else None)
+
+
+def _stores_value(opt_state) -> bool:
+    """Whether an optimizer state holds the ``value`` and ``grad`` of a line search (optax.lbfgs and the like)."""
+    try:
+        get = optax.tree_utils.tree_get
+        return get(opt_state, "value") is not None and get(opt_state, "grad") is not None
+    except KeyError:  # several line searches: not one value to reuse
+        return False
 
 
 def _is_data(leaf) -> bool:
@@ -227,6 +242,7 @@ class _Spec(NamedTuple):
     record_every: int
     has_metric: bool
     trajectory: bool
+    line_search: bool = False
 
 
 @partial(jax.jit, static_argnames=("spec", "n_records"))
@@ -236,6 +252,10 @@ def _block(state, data, key, *, spec, n_records):
 
     def step(carry, t):
         params, opt_state = carry
+        if spec.line_search:  # the line search's value and gradient at the accepted point, and the loss itself
+            value, grads = optax.value_and_grad_from_state(loss)(params, state=opt_state)
+            updates, opt_state = opt.update(grads, opt_state, params, value=value, grad=grads, value_fn=loss)
+            return (optax.apply_updates(params, updates), opt_state), value
         args = () if sample is None else (sample(jax.random.fold_in(key, t)),)
         if spec.has_metric:  # the losses are not recorded: the gradient alone
             value, grads = None, jax.grad(loss)(params, *args)

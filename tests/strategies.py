@@ -110,6 +110,150 @@ def keys():
     return st.integers(0, 2**31 - 1).map(jax.random.key)
 
 
+# ============================================================================ denoising problems (gmlib.denoise)
+
+
+def numpy_posterior_mean(weights, means, cov, xi, z):
+    """E[X | Z = z] and P(C = k | Z = z) by Bayes' rule in numpy/scipy: the densities of N(m_k, S),
+    S = cov + xi^2 I, and Gaussian conditioning within each component, E[X | Z, C = k] = m_k + cov S^-1 (z - m_k)."""
+    from scipy import special, stats
+
+    weights, means, cov, z = (np.asarray(a, np.float64) for a in (weights, means, cov, z))
+    d = means.shape[1]
+    S = cov + float(xi) ** 2 * np.eye(d)
+    logd = np.stack([np.log(w) + stats.multivariate_normal(m, S).logpdf(z) for w, m in zip(weights, means)], -1)
+    post = np.exp(logd - special.logsumexp(logd, axis=-1, keepdims=True)).reshape(len(z), len(weights))
+    gain = cov @ np.linalg.inv(S)
+    cond = [m + (z - m) @ gain.T for m in means]
+    return sum(post[:, [k]] * cond[k] for k in range(len(weights))), post
+
+
+def numpy_bayes(weights, means, gamma, xi, z):
+    """E[X | Z = z] for Gamma = gamma^2 I (numpy_posterior_mean's first output)."""
+    d = np.asarray(means).shape[1]
+    return numpy_posterior_mean(weights, means, float(gamma) ** 2 * np.eye(d), xi, z)[0]
+
+
+def random_cov(rng, d, scale=1.0):
+    """A random positive definite (d, d) covariance."""
+    a = rng.normal(size=(d, d)) * scale
+    return a @ a.T / d + 0.1 * np.eye(d)
+
+
+def random_equal_norm_problem(rng, d, gamma=None, opposite=False, dtype=np.float64):
+    """Two components of equal norm in R^d (opposite means if asked), random weights and noise levels."""
+    from gmlib.denoise import DenoisingProblem
+
+    r = rng.uniform(0.5, 3.0)
+    m1 = rng.normal(size=d)
+    m2 = -m1 if opposite else rng.normal(size=d)
+    means = np.stack([m1 / np.linalg.norm(m1), m2 / np.linalg.norm(m2)]) * r
+    p1 = rng.uniform(0.1, 0.9)
+    gamma = rng.uniform(0.2, 2.0) if gamma is None else gamma
+    xi = rng.uniform(0.3, 2.0)
+    return DenoisingProblem(np.array([p1, 1 - p1], dtype), means.astype(dtype), dtype(gamma), dtype(xi))
+
+
+@st.composite
+def denoising_problems(draw, dtype=None, gamma=None, xi=None):
+    """A valid isotropic DenoisingProblem of a shape of SHAPES["mixture"] (distinct means, gamma = 0 possible)."""
+    from gmlib.denoise import DenoisingProblem
+
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    m, d = draw(st.sampled_from(SHAPES["mixture"]))
+    raw = draw(arrays((m,), 0.05, 1.0))
+    weights = (raw / raw.sum()).astype(dtype)
+    means = draw(arrays((m, d), -3.0, 3.0))
+    if m > 1:
+        gaps = np.linalg.norm(means[:, None] - means[None], axis=-1) + np.eye(m)
+        assume(gaps.min() > 0.1)
+    gamma = draw(st.one_of(st.just(0.0), floats(0.01, 2.0))) if gamma is None else gamma
+    xi = draw(st.one_of(st.just(1e-6), floats(0.05, 2.0))) if xi is None else xi
+    return DenoisingProblem(weights, means.astype(dtype), dtype(gamma), dtype(xi))
+
+
+@st.composite
+def equal_norm_problems(draw, dtype=None, d=None, gamma=None, xi=None):
+    """M = 2, d in {2, 3}, ||m_1|| = ||m_2|| (opposite means with some probability)."""
+    from gmlib.denoise import DenoisingProblem
+
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    d = d or draw(st.sampled_from([2, 3]))
+    radius = draw(floats(0.3, 3.0))
+    a, b = draw(arrays((d,), -1.0, 1.0)), draw(arrays((d,), -1.0, 1.0))
+    assume(np.linalg.norm(a) > 0.2 and np.linalg.norm(b) > 0.2)
+    a = a / np.linalg.norm(a)
+    b = -a if draw(st.booleans()) else b / np.linalg.norm(b)
+    assume(np.linalg.norm(a - b) > 0.2)
+    p = draw(floats(0.05, 0.95))
+    gamma = draw(st.one_of(st.just(0.0), floats(0.05, 2.0))) if gamma is None else gamma
+    xi = draw(floats(0.3, 2.0)) if xi is None else xi
+    return DenoisingProblem(np.array([p, 1 - p]).astype(dtype), (radius * np.stack([a, b])).astype(dtype),
+                            dtype(gamma), dtype(xi))
+
+
+def numpy_softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def numpy_heads_on_tokens(U, V, tokens, z):
+    """Softmax attention of each head over the tokens, in numpy: (H, Q, D_v), head h's rows
+    V_h sum_i softmax_i(z_i^T U_h z) z_i."""
+    U, V, tokens, z = (np.asarray(a, np.float64) for a in (U, V, tokens, z))
+    out = []
+    for Uh, Vh in zip(U, V):
+        w = numpy_softmax(tokens @ Uh @ z.T, axis=0)  # (L, Q)
+        out.append(w.T @ tokens @ Vh.T)
+    return np.stack(out)
+
+
+def numpy_affine_optimum(weights, means, gamma, xi):
+    """Cov(X, Z) Cov(Z)^-1 and E X - A E Z, from the moments of the mixture written out in numpy."""
+    mean = weights @ means
+    cov = gamma**2 * np.eye(means.shape[1]) + (weights[:, None] * (means - mean)).T @ (means - mean)
+    A = np.linalg.solve(cov + xi**2 * np.eye(len(mean)), cov).T  # Cov(X, Z) = Cov(X), Cov(Z) = Cov(X) + xi^2 I
+    return A, mean - A @ mean
+
+
+def numpy_em(z, s, n_iter):
+    """EM for two components of known covariance s I, from the start of denoise.estimate_task."""
+    lam, vec = np.linalg.eigh(np.cov(z.T).reshape(z.shape[1], z.shape[1]))
+    step = np.sqrt(lam[-1]) * vec[:, -1]
+    means, w = np.stack([z.mean(0) + step, z.mean(0) - step]), np.array([0.5, 0.5])
+    for _ in range(n_iter):
+        r = numpy_softmax(np.log(w) - ((z[:, None, :] - means) ** 2).sum(-1) / (2 * s), axis=1)
+        w, means = r.mean(0), (r.T @ z) / r.sum(0)[:, None]
+    return w, means
+
+
+def match_labels(w, means, ref_means):
+    """The labelling of two components (w, means) closest to ref_means (EM is defined up to swapping labels)."""
+    if np.linalg.norm(means - ref_means) > np.linalg.norm(means[::-1] - ref_means):
+        return w[::-1], means[::-1]
+    return w, means
+
+
+def weight_z_scores(batch):
+    """Per prompt of a denoise.task_sampler batch with gamma = 0 (every clean point on its component's mean):
+    (fraction of targets at m_1 - pi_1) / its binomial standard error."""
+    means, weights = (np.asarray(x) for x in batch.aux)
+    pts = np.asarray(batch.targets)
+    at_first = np.linalg.norm(pts - means[:, None, 0], axis=-1) < np.linalg.norm(pts - means[:, None, 1], axis=-1)
+    p = weights[:, 0]
+    return (at_first.mean(1) - p) / np.sqrt(p * (1 - p) / pts.shape[1])
+
+
+def as_f64(a):
+    """A float64 numpy copy (for comparisons in numpy)."""
+    return np.asarray(a, np.float64)
+
+
+def query_scale(prob, z):
+    """1 + the largest |entry| of the queries and the means: the scale of an absolute tolerance."""
+    return 1 + np.abs(as_f64(z)).max() + np.abs(as_f64(prob.means)).max()
+
+
 # ============================================================================ corrupting one argument
 
 

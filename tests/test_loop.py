@@ -220,3 +220,35 @@ def test_optimize_rejects_invalid(bad, name):
     kw = {"loss": Partial(quadratic, TARGET), "optimizer": optax.sgd(0.1), "n_steps": 4, "record_every": 2, **bad}
     with pytest.raises(ValueError, match=f"`{name}`"):
         optimize(kw.pop("loss"), P0, kw.pop("optimizer"), **kw)
+
+
+def _smooth(x):
+    """A smooth, well-conditioned objective (rounding is not amplified along the iterates), minimum not at 0."""
+    return jnp.sum(jnp.array([1.0, 3.0, 10.0]) * (x - jnp.array([1.0, -0.5, 0.2])) ** 2 + 0.25 * x**4)
+
+
+def test_optimize_runs_a_line_search_as_optax_does():
+    """optax.lbfgs (its zoom line search needs the value, the gradient and the loss) in optimize: the same iterates
+    as optax's own loop with value_and_grad_from_state, which reuses the line search's value and gradient."""
+    import optax
+
+    from gmlib import optimize
+
+    x0 = jnp.array([-1.2, 1.0, 0.5])
+    opt = optax.lbfgs()
+    out = optimize(_smooth, x0, opt, n_steps=15, trajectory=True, metric=_smooth)
+    value_and_grad = optax.value_and_grad_from_state(_smooth)
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes int32 counts with Python ints
+        x, state, xs = x0, opt.init(x0), [x0]
+        for _ in range(15):
+            value, grad = value_and_grad(x, state=state)
+            updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=_smooth)
+            x = optax.apply_updates(x, updates)
+            xs.append(x)
+    np.testing.assert_allclose(out.trajectory, np.stack(xs), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out.metric, [float(_smooth(v)) for v in xs], rtol=1e-10, atol=1e-14)
+    grad_norm = float(jnp.linalg.norm(jax.grad(_smooth)(out.params)))
+    assert grad_norm < 1e-8 and float(out.metric[-1]) < float(out.metric[1])  # L-BFGS has converged
+    # the recorded losses without a metric: the value at the start of each step
+    plain = optimize(_smooth, x0, opt, n_steps=15)
+    np.testing.assert_allclose(plain.metric, out.metric[:-1], rtol=1e-10, atol=1e-14)
