@@ -83,13 +83,13 @@ def test_two_heads_on_finite_prompts_converge():
     heads = dn.two_head_bayes(prob, constant_token=True)
     z = np.array([[0.5, 0.5], [2.0, -1.0], [-1.0, 1.5]])
     target = np.asarray(prob.bayes(z))
-    tokens = dn.augment(prob.noisy.sample(jax.random.key(0), 500)[0])  # the layer on tokens, against numpy
+    tokens = dn.augment(prob.noisy.sample(key=jax.random.key(0), n_samples=500)[0])  # the layer on tokens, against numpy
     np.testing.assert_allclose(gmlib.apply_heads(heads, tokens, dn.augment(z)),
                                numpy_heads_on_tokens(heads.U, heads.V, tokens, dn.augment(z)).sum(0), atol=1e-12)
     errs = []
     for L in (2**10, 2**14, 2**18):
         errs.append(np.mean([
-            np.abs(gmlib.apply_heads(heads, dn.augment(prob.noisy.sample(jax.random.key(seed), L)[0]),
+            np.abs(gmlib.apply_heads(heads, dn.augment(prob.noisy.sample(key=jax.random.key(seed), n_samples=L)[0]),
                                      dn.augment(z))[:, :2] - target).max()
             for seed in range(4)]))
     # 16x the tokens: about 4x smaller for light-tailed weights; the tilted weights exp(u^T x) of these heads

@@ -111,7 +111,7 @@ def test_in_context_finite_prompt_converges():
     prob = dn.DenoisingProblem([0.3, 0.7], [[0.0, 2.0], [2.0, 0.0]], 0.5, 1.0)
     heads = dn.in_context_heads(0.5, 1.0, 2)
     z = np.array([[0.5, 0.5], [1.0, -1.0]])
-    tokens, _ = prob.noisy.sample(jax.random.key(0), 200_000)
+    tokens, _ = prob.noisy.sample(key=jax.random.key(0), n_samples=200_000)
     out = gmlib.apply_heads(heads, tokens, z, block_size=50_000)
     np.testing.assert_allclose(out, prob.bayes(z), atol=0.03)
     # manual: the residual heads and the output map, written out
@@ -238,7 +238,7 @@ def test_in_context_heads_on_infinite_and_finite_prompts(prob, z, c, seed):
     out = as_f64(gmlib.apply_heads(heads, prob.noisy, z))
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out, as_f64(prob.bayes(z)), atol=(1e3 if prob.dtype == np.float64 else 300) * t * sc)
-    toks = prob.noisy.sample(jax.random.key(seed), 16)[0]
+    toks = prob.noisy.sample(key=jax.random.key(seed), n_samples=16)[0]
     s = float(prob.gamma) ** 2 + float(prob.xi) ** 2
     a, eye = float(prob.xi) ** 2 / s, np.eye(prob.dim)[None]
     got = as_f64(gmlib.apply_heads(dn.in_context_heads(prob.gamma, prob.xi, prob.dim, temperature=c), toks, z))

@@ -30,7 +30,7 @@ def test_linear_optimum_is_least_squares():
     weights = np.array([0.25, 0.75])
     means = rng.normal(size=(2, 3)) * 2
     prob = dn.DenoisingProblem(weights, means, 0.7, 1.2)
-    x, _ = prob.clean.sample(jax.random.key(2), 400_000)
+    x, _ = prob.clean.sample(key=jax.random.key(2), n_samples=400_000)
     z = np.asarray(x) + 1.2 * np.asarray(jax.random.normal(jax.random.key(3), x.shape))
     coef, *_ = np.linalg.lstsq(z, np.asarray(x), rcond=None)  # x ≈ z @ coef, so A = coef.T
     np.testing.assert_allclose(dn.linear_optimum(prob), coef.T, atol=0.01)

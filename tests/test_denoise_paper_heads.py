@@ -72,13 +72,13 @@ def test_two_heads_on_a_finite_prompt():
     prob = dn.DenoisingProblem([0.3, 0.7], [[3.0, 0.0], [0.0, 3.0]], 1.0, 2.0)
     heads = dn.two_head_bayes(prob)
     z = np.array([[0.5, 0.5], [2.0, -1.0], [-1.0, 1.5]])
-    tokens = prob.noisy.sample(jax.random.key(0), 500)[0]
+    tokens = prob.noisy.sample(key=jax.random.key(0), n_samples=500)[0]
     np.testing.assert_allclose(gmlib.apply_heads(heads, tokens, z),
                                numpy_heads_on_tokens(heads.U, heads.V, tokens, z).sum(0), atol=1e-12)
     target = np.asarray(prob.bayes(z))
     errs = []
     for L in (2**10, 2**14, 2**18):
-        errs.append(np.mean([np.abs(gmlib.apply_heads(heads, prob.noisy.sample(jax.random.key(seed), L)[0], z)
+        errs.append(np.mean([np.abs(gmlib.apply_heads(heads, prob.noisy.sample(key=jax.random.key(seed), n_samples=L)[0], z)
                                     - target).max() for seed in range(4)]))
     # 16x the tokens: the Monte Carlo rate L^{-1/2} gives 4x smaller (measured: 0.17, 0.055, 0.016)
     assert errs[2] < 0.02 and errs[1] < 0.4 * errs[0] and errs[2] < 0.4 * errs[1], errs

@@ -65,7 +65,7 @@ def test_bayes_matches_monte_carlo_conditional_mean():
     # E[X | Z = z] = E_X[X N(z; X, xi^2 I)] / E_X[N(z; X, xi^2 I)], estimated on batches of clean samples
     prob = dn.DenoisingProblem([0.4, 0.6], [[3.0, 0.0], [0.0, 3.0]], 1.0, 2.0)
     z = np.array([[1.0, 1.0], [3.0, -1.0], [-2.0, 4.0]])
-    x, _ = prob.clean.sample(jax.random.key(0), 400_000)
+    x, _ = prob.clean.sample(key=jax.random.key(0), n_samples=400_000)
     x = np.asarray(x).reshape(20, -1, 2)
     logw = -np.sum((z[None, :, None, :] - x[:, None, :, :]) ** 2, -1) / (2 * 2.0**2)  # (B, n_z, N)
     w = np.exp(logw - logw.max(-1, keepdims=True))
