@@ -162,3 +162,25 @@ def monte_carlo_expectation(mixture, fn, projection=None, *, key, n_samples: int
     x, _ = mixture.sample(key=key, n_samples=n_samples)
     values = _values(fn, x @ A.T, mixture.dtype)
     return values.mean(axis=0), values.std(axis=0, ddof=1) / jnp.sqrt(jnp.asarray(n_samples, values.dtype))
+
+
+# ----------------------------------------------------------------------------- a rule for sharp one-dimensional gates
+
+
+def _trapezoid(n_points: int, dtype, *, half_width: float = 12.0):
+    r"""The trapezoid rule for :math:`\mathbb E[\varphi(\xi)]`, :math:`\xi \sim \mathcal N(0, 1)`.
+
+    ``n_points`` equally spaced nodes :math:`x_j` on [−``half_width``, ``half_width``] with
+    weights :math:`w_j \propto e^{-x_j^2/2}` normalised to sum to one, so that
+    :math:`\mathbb E[\varphi(\xi)] \approx \sum_j w_j \varphi(x_j)`. For an analytic
+    integrand it converges geometrically in ``n_points`` (where Gauss–Hermite struggles with
+    a sharp logistic gate): :meth:`gmlib.denoise.DenoisingProblem.bayes_risk` (M = 2) uses it.
+    The caller checks ``n_points`` (a positive int).
+
+    Returns:
+        ``(nodes, weights)``: arrays (n_points, 1) and (n_points,) of ``dtype``, in the
+        layout of :func:`gauss_hermite` with ``dim=1``.
+    """
+    x = np.linspace(-half_width, half_width, n_points)
+    w = np.exp(-0.5 * x**2)
+    return jnp.asarray(x[:, None], dtype), jnp.asarray(w / w.sum(), dtype)

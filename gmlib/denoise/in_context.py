@@ -1,0 +1,268 @@
+r"""In-context denoising (Prop 4.4): one layer of heads for every task, read from the prompt.
+
+A task :math:`\tau = (m_1, m_2, \pi_1)` with :math:`\|m_1\| = \|m_2\|` is drawn afresh for each
+prompt, while :math:`\gamma` and :math:`\xi` are shared by all tasks. The residual two-head
+layer of Prop 4.4 (:func:`in_context_heads`) is the Bayes denoiser of every task on its
+infinite prompt :math:`\mu_Z^\tau`; on a finite prompt it is ordinary softmax attention over
+the tokens (``gmlib.apply_heads``). Beside it: :func:`estimate_task`, the plug-in
+competitor (EM on the prompt), and the prompts of in-context training,
+:func:`task_sampler`, with :func:`task_excess`, each prompt's excess over its task's Bayes
+denoiser.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gmlib import _checks as C
+from gmlib import _random
+from gmlib._pytree import unchecked
+from gmlib.denoise.problem import DenoisingProblem
+from gmlib.heads import Batch, Heads, apply_heads
+
+__all__ = ["in_context_heads", "estimate_task", "task_sampler", "task_excess"]
+
+
+def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
+    r"""The task-independent residual two-head denoiser of Prop 4.4, at a temperature c.
+
+    Let :math:`c` denote ``temperature``, :math:`d` ``dim``, :math:`S = (\gamma^2 + \xi^2) I_d`
+    and :math:`a = \xi^2/(\gamma^2 + \xi^2)`:
+
+    .. math::
+
+        U_1 = c\,S^{-1},\quad V_1 = a I_d,\quad U_2 = V_2 = 0,\quad
+        W_{\mathrm{out}} = \big(I_d,\ -a(1 + c) I_d\big),
+
+    residual heads, so that ``gmlib.apply_heads`` computes
+    :math:`W_{\mathrm{out}} (z + T_{U_1,V_1}[\mu](z),\ z + T_{U_2,V_2}[\mu](z))`. On a finite
+    prompt of noisy tokens :math:`z_1, \dots, z_L` this is
+
+    .. math::
+
+        \hat f_c(z) = (1 - a - ac)\, z + a \sum_{i=1}^L
+        \operatorname{softmax}_i\big(c\, z_i^\top S^{-1} z\big)\, z_i,
+
+    and on the infinite prompt :math:`\mu_Z^\tau` of a task
+    :math:`\tau = (m_1, m_2, \pi_1)` (Prop 2.1 with the shared covariance S)
+
+    .. math::
+
+        \hat f_c[\mu_Z^\tau](z) = (1 - a)\, z + a \sum_k
+        \operatorname{softmax}_k\big(\log \pi_k + c\, m_k^\top S^{-1} z\big)\, m_k.
+
+    At :math:`c = 1` this is Prop 4.4 exactly: :math:`\mathbb E[X \mid Z = z, \tau]` for
+    every task with :math:`\|m_1\| = \|m_2\|`. The residual correction
+    :math:`-a(1 + c)` cancels the linear term :math:`a c z` that the head adds (Prop 2.1),
+    so the family keeps the Bayes linear part :math:`(1 - a) z` at every temperature;
+    :math:`c < 1` blurs the gate in exchange for less finite-prompt variance. Only
+    :math:`\gamma`, :math:`\xi` and :math:`c`, shared by all tasks, enter.
+
+    Args:
+        gamma: :math:`\gamma \ge 0`.
+        xi: :math:`\xi > 0`.
+        dim: d, a positive int.
+        temperature: c > 0, finite (default 1: Prop 4.4).
+
+    Returns:
+        a :class:`gmlib.Heads` with ``residual=True``: U and V of shape (2, d, d),
+        ``W_out`` of shape (d, 2d), in the dtype of ``gamma`` and ``xi`` (JAX's default
+        float for Python numbers).
+
+    Raises:
+        ValueError: naming the argument, for ``gamma < 0``, ``xi <= 0``,
+            ``temperature <= 0``, non-finite values or a bad ``dim``.
+
+    Example:
+        >>> heads = denoise.in_context_heads(1.0, 0.5, 2, temperature=0.3)
+        >>> gmlib.apply_heads(heads, tokens, queries)  # (n, 2)
+        >>> gmlib.apply_heads(denoise.in_context_heads(1.0, 0.5, 2), task.noisy, queries)  # task.bayes
+    """
+    dim = C.scalar(dim, "dim", low=0, integer=True)
+    temperature = C.scalar(temperature, "temperature", low=0)
+    dtype = C.common_float_dtype(gamma, xi)
+    gamma = C.scalar(gamma, "gamma", low=0, strict=False)
+    xi = C.scalar(xi, "xi", low=0)
+    s = gamma**2 + xi**2
+    a = xi**2 / s
+    eye = jnp.eye(dim, dtype=dtype)
+    zero = jnp.zeros((dim, dim), dtype)
+    w_out = jnp.concatenate([eye, -a * (1 + temperature) * eye], axis=1)
+    return unchecked(Heads, jnp.stack([temperature * eye / s, zero]), jnp.stack([a * eye, zero]), w_out, True)
+
+
+def estimate_task(prompt, gamma, xi, *, n_iter: int = 50) -> DenoisingProblem:
+    r"""Read a two-component task from a finite prompt by EM: the plug-in in-context denoiser.
+
+    Let :math:`z_1, \dots, z_L` denote the rows of ``prompt``, noisy draws of
+    :math:`\sum_k \pi_k \mathcal N(m_k, S)` with :math:`S = (\gamma^2 + \xi^2) I_d` known
+    (shared by all tasks, as in Prop 4.4). EM for the weights and the means starts from
+    :math:`\hat\pi = (\tfrac12, \tfrac12)`, :math:`\hat m_{1,2} = \bar z \pm \sqrt{\lambda}\, v`
+    (:math:`\lambda, v` the top eigenpair of the prompt's covariance) and repeats
+    ``n_iter`` times
+
+    .. math::
+
+        r_{ik} = \operatorname{softmax}_k\Big(\log \hat\pi_k
+        - \frac{\|z_i - \hat m_k\|^2}{2s}\Big),\qquad
+        \hat\pi_k = \frac1L \sum_i r_{ik},\qquad
+        \hat m_k = \frac{\sum_i r_{ik} z_i}{\sum_i r_{ik}}.
+
+    The returned problem's :meth:`DenoisingProblem.bayes` is the plug-in denoiser
+    :math:`(1 - a) z + a \sum_k \hat\beta_k(z) \hat m_k`: the Bayes formula (eq 10) of the
+    estimated task, the reference for what a predictor can read from L tokens. It does
+    not use the equal norms of the tasks.
+
+    Args:
+        prompt: tokens, shape (L, d), L ≥ 2.
+        gamma: :math:`\gamma \ge 0`.
+        xi: :math:`\xi > 0`.
+        n_iter: EM iterations, a positive int.
+
+    Returns:
+        a :class:`DenoisingProblem` with the estimated weights and means (traceable:
+        ``jax.vmap`` it over prompts).
+
+    Raises:
+        ValueError: naming ``prompt`` (shape, finiteness), ``gamma``, ``xi`` or ``n_iter``.
+
+    Example:
+        >>> task = denoise.estimate_task(tokens, 1.0, 0.5)
+        >>> task.bayes(queries)  # the plug-in denoiser
+    """
+    n_iter = C.scalar(n_iter, "n_iter", low=0, integer=True)
+    prompt = C.array(prompt, "prompt", ("L", "d"), min_rows=2)
+    # gamma and xi: checked (by name) by the DenoisingProblem built from them below
+    weights, means = _em(prompt, jnp.asarray(gamma**2 + xi**2, prompt.dtype), n_iter)
+    return DenoisingProblem(weights, means, jnp.asarray(gamma, prompt.dtype), jnp.asarray(xi, prompt.dtype))
+
+
+@partial(jax.jit, static_argnums=2)
+def _em(z, s, n_iter):
+    centre = z.mean(0)
+    lam, vec = jnp.linalg.eigh(jnp.cov(z.T).reshape(z.shape[1], z.shape[1]))
+    step = jnp.sqrt(lam[-1]) * vec[:, -1]
+    means = jnp.stack([centre + step, centre - step])
+    log_w = jnp.log(jnp.full(2, 0.5, z.dtype))
+
+    def update(_, state):
+        log_w, means = state
+        logits = log_w - jnp.sum((z[:, None, :] - means) ** 2, -1) / (2 * s)
+        r = jax.nn.softmax(logits, axis=1)  # (L, 2)
+        total = r.sum(0)
+        return jnp.log(total / z.shape[0]), (r.T @ z) / total[:, None]
+
+    log_w, means = jax.lax.fori_loop(0, n_iter, update, (log_w, means))
+    return jnp.exp(log_w), means
+
+
+def task_sampler(gamma, xi, dim: int, *, radius=3.0, weight_range=(0.2, 0.8), n_queries: int = 1, dtype=None):
+    r"""Prompts for in-context denoising (the setting of Prop 4.4), one fresh task per prompt.
+
+    A task is :math:`\tau = (m_1, m_2, \pi_1)` with :math:`m_1, m_2` independent uniform on
+    the sphere of radius ``radius`` in :math:`\mathbb R^d`, d = ``dim`` (equal norms, as
+    Prop 4.4 needs) and :math:`\pi_1` uniform on ``weight_range``. The prompt holds L noisy
+    samples :math:`Z = X + \xi\varepsilon`, :math:`X \sim \sum_k \pi_k \mathcal N(m_k, \gamma^2 I_d)`;
+    the queries are ``n_queries`` fresh noisy samples of the same task and the targets their
+    clean :math:`X`, so that the squared loss is the denoising risk.
+
+    Args:
+        gamma: :math:`\gamma \ge 0`.
+        xi: :math:`\xi > 0`.
+        dim: d, a positive int.
+        radius: the norm of the means, a positive number.
+        weight_range: ``(low, high)`` with 0 < low ≤ high < 1.
+        n_queries: queries per prompt, a positive int.
+        dtype: the floating dtype of every array drawn (default: JAX's default float;
+            float32 halves the cost of training on a CPU).
+
+    Returns:
+        ``sample(key, batch_size, prompt_length) -> gmlib.Batch``: prompts (B, L, d),
+        queries and targets (B, n_queries, d), and ``aux = (means (B, 2, d), weights (B, 2))``
+        for :func:`task_excess`. ``sample`` checks nothing (it runs inside training loops).
+
+    Raises:
+        ValueError: naming the argument, for a value outside the ranges above.
+
+    Example:
+        >>> sample = denoise.task_sampler(0.5, 1.0, 2, n_queries=4)
+        >>> batch = sample(jax.random.key(0), 32, 100)  # 32 prompts of 100 tokens
+    """
+    dim = C.scalar(dim, "dim", low=0, integer=True)
+    n_queries = C.scalar(n_queries, "n_queries", low=0, integer=True)
+    gamma = C.scalar(gamma, "gamma", low=0, strict=False)
+    xi = C.scalar(xi, "xi", low=0)
+    radius = C.scalar(radius, "radius", low=0)
+    dtype = C.check_float_dtype(dtype)
+    wr = C.array(weight_range, "weight_range", (2,), dtype=np.float64, desc="(2,) (low, high)")
+    lo, hi = (float(v) for v in np.asarray(wr))
+    if not 0 < lo <= hi < 1:
+        raise ValueError(f"`weight_range` must satisfy 0 < low <= high < 1; got {weight_range}")
+
+    def sample(key, batch_size: int, prompt_length: int) -> Batch:
+        k_m, k_p, k_x = jax.random.split(key, 3)
+        dirs = _random.normal(k_m, (batch_size, 2, dim), dtype)
+        means = radius * dirs / jnp.linalg.norm(dirs, axis=-1, keepdims=True)
+        p1 = jax.random.uniform(k_p, (batch_size,), dtype, minval=lo, maxval=hi)
+        weights = jnp.stack([p1, 1 - p1], axis=-1)
+        n = prompt_length + n_queries
+        k_c, k_g, k_e = jax.random.split(k_x, 3)
+        labels = (_random.uniform(k_c, (batch_size, n), dtype) > p1[:, None]).astype(jnp.int32)
+        clean = jnp.take_along_axis(means, labels[..., None], axis=1) + gamma * _random.normal(
+            k_g, (batch_size, n, dim), dtype)
+        noisy = clean + xi * _random.normal(k_e, (batch_size, n, dim), dtype)
+        return Batch(noisy[:, :prompt_length], noisy[:, prompt_length:], clean[:, prompt_length:],
+                     (means, weights))
+
+    return sample
+
+
+def task_excess(heads: Heads, batch: Batch, gamma, xi, *, kind: str = "softmax", infinite: bool = False):
+    r"""Each prompt's excess risk over its task's Bayes denoiser, for a layer of heads.
+
+    For prompt b with task :math:`\tau_b` (``batch.aux`` of :func:`task_sampler`) and queries
+    :math:`z_{b,1..Q}`, the value is
+
+    .. math::
+
+        \frac1Q \sum_{q=1}^Q \big\|f[\mu](z_{b,q}) - \mathbb E[X \mid Z = z_{b,q}, \tau_b]\big\|^2,
+
+    with :math:`f` = ``gmlib.apply_heads(heads, ...)`` (its output map and residual flag are
+    the ``heads``'s, e.g. :func:`in_context_heads`) and :math:`\mu` the prompt's tokens
+    (under ``batch.mask``), or with ``infinite=True`` the task's noisy law
+    :math:`\mu_Z^{\tau_b}` itself (:math:`L = \infty`, exact in the prompt). Averaged over
+    prompts, the first is the excess risk at the prompt length L and the second at
+    :math:`L = \infty`: their difference is what finite prompts cost. Traceable: a training
+    loss or metric can call it.
+
+    Args:
+        heads: a :class:`gmlib.Heads` on dimension d with output dimension d.
+        batch: a :class:`gmlib.Batch` of :func:`task_sampler`.
+        gamma, xi: the noise levels of the tasks (those of the sampler).
+        kind: ``"softmax"`` or ``"linear"``.
+        infinite: evaluate on the infinite prompts.
+
+    Returns:
+        array (B,): the excess of each prompt (its mean over prompts estimates the excess
+        risk; its standard deviation over :math:`\sqrt B` is the Monte Carlo error).
+
+    Raises:
+        ValueError: what ``gmlib.apply_heads`` raises (naming ``kind``, ``heads``, ...).
+
+    Example:
+        >>> batch = denoise.task_sampler(0.5, 1.0, 2, n_queries=8)(jax.random.key(0), 64, 200)
+        >>> denoise.task_excess(denoise.in_context_heads(0.5, 1.0, 2), batch, 0.5, 1.0).mean()
+    """
+    means, weights = batch.aux
+
+    def one(prompt, queries, m, w):
+        problem = DenoisingProblem(w, m, gamma, xi)
+        pred = apply_heads(heads, problem.noisy if infinite else prompt, queries, kind=kind,
+                           mask=None if infinite else batch.mask)
+        return jnp.mean(jnp.sum((pred - problem.bayes(queries)) ** 2, -1))
+
+    return jax.vmap(one)(batch.prompt, batch.queries, means, weights)
