@@ -29,6 +29,7 @@ from strategies import (
 import gmlib
 from gmlib import lda
 from gmlib._pytree import unchecked
+from gmlib.lda._risk import _effective_risk, _risk
 
 C1 = dict(mean_pos=[1.0, 0.0], mean_neg=[0.0, 1.0], cov=np.eye(2), p_pos=0.6)
 HALF = dict(mean_pos=[1.0, 0.5], mean_neg=[0.0, 1.0], cov=[[1.0, 0.3], [0.3, 2.0]], p_pos=0.5)  # pi_+ = 1/2, asymmetric
@@ -55,7 +56,7 @@ def np_predict(cfg, th, x):
 
 
 def random_theta(key, d, scale):
-    return lda.HeadParams.normal(jax.random.key(key), d, scale=scale, dtype=jnp.float64)
+    return lda.HeadParams.normal(d, key=jax.random.key(key), scale=scale, dtype=jnp.float64)
 
 
 def np_risk_over_x(cfg, th, n=60):
@@ -88,7 +89,7 @@ def test_bayes_params_and_score_match_numpy():
     x = np.random.default_rng(0).normal(size=(7, 3))
     logodds = (np.log(p) + stats.multivariate_normal(m1, G).logpdf(x)
                - np.log(1 - p) - stats.multivariate_normal(m0, G).logpdf(x))
-    np.testing.assert_allclose(P.bayes_score(x), logodds, atol=1e-12)
+    np.testing.assert_allclose(P.bayes(x), logodds, atol=1e-12)
 
 
 @pytest.mark.parametrize("cfg", [C1, HALF, SKEW])
@@ -118,27 +119,32 @@ def test_effective_and_predict_match_numpy():
 
 @pytest.mark.parametrize("cfg", [C1, HALF, SKEW])
 def test_predict_matches_population_attention_on_tokens(cfg):
+    """to_attention's head on the infinite prompt (Prop 2.1) is f_theta of eq 6, in numpy."""
     P = make(cfg)
     d = P.dim
     th = random_theta(2, d, 0.8)
-    U, V = lda.to_attention(th)
-    assert U.shape == V.shape == (d + 1, d + 1)
+    heads = lda.to_attention(th)
+    assert isinstance(heads, gmlib.Heads) and heads.U.shape == (1, d + 1, d + 1) and heads.V.shape == (1, 1, d + 1)
     x = np.random.default_rng(2).normal(size=(9, d))
     q = np.concatenate([x, np.zeros((9, 1))], axis=1)
-    out = jax.jit(gmlib.population_attention)(P.tokens(), q, U, V)
-    np.testing.assert_allclose(out[:, -1], np_predict(cfg, th, x), atol=1e-12)
+    out = gmlib.apply_heads(heads, P.prompt, q)
+    assert out.shape == (9, 1)
+    np.testing.assert_allclose(out[:, 0], np_predict(cfg, th, x), atol=1e-12)
+    np.testing.assert_allclose(out[:, 0], lda.predict(P, th, x), atol=1e-12)
+    # under jit, with the problem and theta traced
+    f = jax.jit(lambda P, th: gmlib.apply_heads(lda.to_attention(th), P.prompt, q)[:, 0])
+    np.testing.assert_allclose(f(P, th), np_predict(cfg, th, x), atol=1e-12)
 
 
 def test_predict_matches_finite_prompt_softmax_attention():
     """Finite-prompt softmax attention over L sampled (X, Y) tokens converges to f_theta (error ~ L^-1/2)."""
     P = make(C1)
     th = lda.HeadParams([[0.4, -0.3], [0.2, 0.5]], [0.3, -0.2], [0.8, -0.6], 0.4)
-    U, V = lda.to_attention(th)
     L = 400_000
-    toks, _ = P.tokens().sample(jax.random.key(5), L)
+    toks, _ = P.prompt.sample(jax.random.key(5), L)
     x = np.array([[0.5, -0.3], [-1.0, 0.8], [0.0, 0.0]])
     q = np.concatenate([x, np.zeros((3, 1))], axis=1)
-    out = gmlib.softmax_attention(toks, q, U, V, block_size=100_000)[:, -1]
+    out = gmlib.apply_heads(lda.to_attention(th), toks, q, block_size=100_000)[:, 0]
     err = np.abs(np.asarray(out) - np_predict(C1, th, x))
     assert err.max() < 0.02, err  # standard error ~ 2e-3 here
     # and the limit is not a coincidence: a wrong sign of u12 moves the answer by far more
@@ -146,9 +152,9 @@ def test_predict_matches_finite_prompt_softmax_attention():
     assert np.abs(np_predict(C1, bad, x) - np.asarray(out)).max() > 0.05
 
 
-def test_tokens_law():
+def test_prompt_law():
     P = make(C1)
-    mix = P.tokens()
+    mix = P.prompt
     np.testing.assert_allclose(mix.weights, [0.6, 0.4])
     np.testing.assert_allclose(mix.means, [[1, 0, 1], [0, 1, -1]])
     np.testing.assert_allclose(mix.covs[0], np.diag([1.0, 1.0, 0.0]))
@@ -161,7 +167,7 @@ def test_tokens_law():
 def test_risk_matches_monte_carlo(cfg, seed, scale):
     P = make(cfg)
     th = random_theta(seed, P.dim, scale)
-    x, y = P.sample(jax.random.key(seed + 100), 1_000_000)
+    x, y = P.sample(key=jax.random.key(seed + 100), n_samples=1_000_000)
     losses = np.logaddexp(0.0, -np.asarray(y) * np_predict(cfg, th, np.asarray(x)))
     mc, se = losses.mean(), losses.std(ddof=1) / np.sqrt(losses.size)
     assert abs(float(lda.risk(P, th)) - mc) < 4 * se, (float(lda.risk(P, th)), mc, se)
@@ -213,7 +219,7 @@ def test_gradient_matches_finite_differences(cfg):
     P = make(cfg)
     for name, th in special_points(cfg).items():
         v, unravel = ravel_pytree(th)
-        g = jax.jit(jax.grad(lambda v: lda._risk(P, unravel(v), 64)))(v)
+        g = jax.jit(jax.grad(lambda v: _risk(P, unravel(v), 64)))(v)
         g_fd = fd_grad(lambda u: float(lda.risk(P, unravel(jnp.asarray(u)))), v)
         assert np.all(np.isfinite(g)), name
         np.testing.assert_allclose(g, g_fd, atol=2e-8, err_msg=name)
@@ -234,7 +240,7 @@ def test_gradient_over_x_d2():
 def _flat_risk(v, P, n_nodes):
     d = P.dim
     th = unchecked(lda.HeadParams, v[: d * d].reshape(d, d), v[d * d: d * d + d], v[d * d + d: d * d + 2 * d], v[-1])
-    return lda._risk(P, th, n_nodes)
+    return _risk(P, th, n_nodes)
 
 
 _GRAD = jax.jit(jax.grad(_flat_risk), static_argnums=2)
@@ -264,7 +270,7 @@ def test_risk_under_vmap_and_float32():
     P = make(C1)
     ths = [random_theta(s, 2, 0.5) for s in range(3)]
     batch = jax.tree.map(lambda *a: jnp.stack(a), *ths)
-    out = jax.vmap(lambda t: lda._risk(P, t, 64))(batch)
+    out = jax.vmap(lambda t: _risk(P, t, 64))(batch)
     np.testing.assert_allclose(out, [lda.risk(P, t) for t in ths], atol=1e-14)
     P32 = make(C1, jnp.float32)
     th32 = jax.tree.map(lambda a: a.astype(jnp.float32), ths[0])
@@ -352,7 +358,7 @@ def test_gradient_matches_finite_differences_for_steep_gates(norm_s):
     """Stein's-identity gradient against central differences of the value (checked against quad above)."""
     P = make(C1)
     z = jnp.concatenate([jnp.array([1.0, -1.0, 0.3, 1.7]), norm_s * jnp.array([0.8, 0.6])])
-    f = jax.jit(lambda z: lda._effective_risk(P, z[:2], z[2], z[3], z[4:], lda.DEFAULT_NODES))
+    f = jax.jit(lambda z: _effective_risk(P, z[:2], z[2], z[3], z[4:], lda.DEFAULT_NODES))
     g_fd = fd_grad(lambda u: float(f(jnp.asarray(u))), z, eps=1e-5)
     np.testing.assert_allclose(jax.grad(f)(z), g_fd, atol=1e-9)
 
@@ -399,7 +405,7 @@ def test_bayes_head_is_bayes_optimal(cfg, family):
     else:
         assert np.linalg.norm(s) < 1e-12 and abs(r) > 1e-3
     x = np.random.default_rng(3).normal(size=(13, P.dim))
-    np.testing.assert_allclose(np_predict(cfg, th, x), P.bayes_score(x), atol=1e-12)
+    np.testing.assert_allclose(np_predict(cfg, th, x), P.bayes(x), atol=1e-12)
     assert abs(float(lda.risk(P, th)) - float(P.bayes_risk())) < 1e-10
     v, unravel = ravel_pytree(th)
     assert np.abs(jax.grad(lambda v: lda.risk(P, unravel(v)))(v)).max() < 1e-10
@@ -422,17 +428,17 @@ def test_gradient_descent_matches_a_python_loop_and_decreases_risk():
     P = make(C1)
     th0 = random_theta(30, 2, 0.5)
     opt = optax.sgd(0.5)
-    out = lda.gradient_descent(P, th0, opt, 40, record_every=10, n_nodes=32)
+    out = lda.gradient_descent(P, th0, opt, n_steps=40, record_every=10, n_nodes=32)
     assert out.steps.tolist() == [0, 10, 20, 30, 40]
     assert np.all(np.diff(np.asarray(out.metric)) < 0)
     th = th0
-    grad = jax.jit(jax.grad(lambda t: lda._risk(P, t, 32)))
+    grad = jax.jit(jax.grad(lambda t: _risk(P, t, 32)))
     for _ in range(40):
         th = jax.tree.map(lambda a, g: a - 0.5 * g, th, grad(th))
     np.testing.assert_allclose(ravel_pytree(out.params)[0], ravel_pytree(th)[0], atol=1e-12)
     np.testing.assert_allclose(ravel_pytree(jax.tree.map(lambda a: a[-1], out.trajectory))[0], ravel_pytree(th)[0])
     # chunked runs give the same result
-    out2 = lda.gradient_descent(P, th0, opt, 40, record_every=10, n_nodes=32, chunk_records=2)
+    out2 = lda.gradient_descent(P, th0, opt, n_steps=40, record_every=10, n_nodes=32, chunk_records=2)
     np.testing.assert_allclose(out2.metric, out.metric, atol=1e-14)
 
 
@@ -440,17 +446,32 @@ def test_sgd_is_reproducible_and_learns():
     P = make(C1)
     th0 = lda.HeadParams.zeros(2)
     opt = optax.sgd(0.05)
-    a = lda.sgd(P, th0, jax.random.key(1), opt, 2000, batch_size=16, record_every=500, n_nodes=32)
-    b = lda.sgd(P, th0, jax.random.key(1), opt, 2000, batch_size=16, record_every=500, n_nodes=32, chunk_records=1)
+    a = lda.sgd(P, th0, opt, key=jax.random.key(1), n_steps=2000, batch_size=16, record_every=500, n_nodes=32)
+    b = lda.sgd(P, th0, opt, key=jax.random.key(1), n_steps=2000, batch_size=16, record_every=500, n_nodes=32, chunk_records=1)
     np.testing.assert_allclose(a.metric, b.metric, atol=1e-12)
     assert float(a.metric[-1]) < float(a.metric[0]) - 0.02
     assert float(a.metric[-1]) > float(P.bayes_risk()) - 1e-12
 
 
+def test_training_shares_one_compilation_across_problems():
+    """Calls that differ only in the problem and the start point reuse optimize's compiled chunk."""
+    from gmlib._loop import _block
+
+    probs = [make(C1), make(HALF)]
+    th0s = [random_theta(40, 2, 0.5), random_theta(41, 2, 0.5)]
+    for run in (lambda P, th: lda.gradient_descent(P, th, OPT, n_steps=2, n_nodes=N_NODES),
+                lambda P, th: lda.sgd(P, th, OPT, key=jax.random.key(3), n_steps=2, batch_size=4, n_nodes=N_NODES)):
+        first = run(probs[0], th0s[0])
+        size = _block._cache_size()
+        second = run(probs[1], th0s[1])
+        assert _block._cache_size() == size
+        assert not np.array_equal(first.metric, second.metric)
+
+
 def test_works_under_jit_with_traced_problem():
     P = make(HALF)
     th = lda.bayes_head(P, "theta1")
-    f = jax.jit(lambda P, t: lda._risk(P, t, 64))
+    f = jax.jit(lambda P, t: _risk(P, t, 64))
     assert abs(float(f(P, th)) - float(P.bayes_risk())) < 1e-10
 
 
@@ -474,7 +495,7 @@ def problems(draw, dtype=None, mean_scale=2.0):
 def test_bayes_score_and_risk_are_symmetric_in_the_classes(prob, x):
     x = x[:, :prob.dim].astype(prob.dtype)
     t = tol(prob.dtype)
-    score = np.asarray(prob.bayes_score(x), np.float64)
+    score = np.asarray(prob.bayes(x), np.float64)
     risk = float(prob.bayes_risk())
     p = float(prob.p_pos)
     prior_risk = -(p * np.log(p) + (1 - p) * np.log(1 - p))  # the best score that ignores x
@@ -482,9 +503,9 @@ def test_bayes_score_and_risk_are_symmetric_in_the_classes(prob, x):
     assert -10 * t <= risk <= prior_risk + 100 * t
     swapped = lda.LDAProblem(prob.mean_neg, prob.mean_pos, prob.cov, 1 - prob.p_pos)
     scale = 1 + np.abs(score).max()
-    np.testing.assert_allclose(np.asarray(swapped.bayes_score(x), np.float64), -score, atol=1e3 * t * scale)
+    np.testing.assert_allclose(np.asarray(swapped.bayes(x), np.float64), -score, atol=1e3 * t * scale)
     np.testing.assert_allclose(float(swapped.bayes_risk()), risk, atol=1e3 * t)
-    mix = prob.tokens()
+    mix = prob.prompt
     assert mix.n_components == 2 and mix.dim == prob.dim + 1
     np.testing.assert_allclose(float(mix.weights.sum()), 1.0, atol=10 * t)
 
@@ -513,7 +534,63 @@ def test_problem_rejects_invalid(prob, data):
 @given(prob=problems(dtype=np.float64), data=st.data())
 def test_bayes_score_rejects_invalid_points(prob, data):
     name, bad = data.draw(corrupt(dict(x=np.zeros((2, prob.dim))), {"x": Arg(fixed_axes=(1,))}))
-    assert_rejects(lambda: prob.bayes_score(bad["x"]), name)
+    assert_rejects(lambda: prob.bayes(bad["x"]), name)
+
+
+# ----------------------------------------------------------------------------- finite prompts
+
+
+def test_prompt_sampler_statistics():
+    """The prompt's tokens (x, y) and the queries' (x, target) follow the LDA law; the label slot of a query is 0."""
+    mp, mn, cov = np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([[1.0, 0.3], [0.3, 0.5]])
+    sample = lda.prompt_sampler(lda.LDAProblem(mp, mn, cov, 0.6), n_queries=3)
+    b = sample(jax.random.key(0), 512, 200)
+    assert isinstance(b, gmlib.Batch) and b.aux is None and b.mask is None
+    assert b.prompt.shape == (512, 200, 3) and b.queries.shape == (512, 3, 3) and b.targets.shape == (512, 3, 1)
+    y = np.asarray(b.prompt[..., 2]).ravel()
+    x = np.asarray(b.prompt[..., :2]).reshape(-1, 2)
+    np.testing.assert_allclose((y > 0).mean(), 0.6, atol=0.01)
+    np.testing.assert_allclose(x[y > 0].mean(0), mp, atol=0.01)
+    np.testing.assert_allclose(np.cov(x[y < 0].T), cov, atol=0.02)
+    assert np.all(np.asarray(b.queries[..., 2]) == 0)
+    yq, xq = np.asarray(b.targets).ravel(), np.asarray(b.queries[..., :2]).reshape(-1, 2)
+    np.testing.assert_allclose((yq > 0).mean(), 0.6, atol=0.05)  # 1536 queries: sd 0.0125
+    np.testing.assert_allclose(xq[yq < 0].mean(0), mn, atol=0.15)
+    # the sampler is a pytree holding the problem's arrays: it goes through jit as an argument
+    again = jax.jit(lambda s, k: s(k, 512, 200))(sample, jax.random.key(0))
+    np.testing.assert_array_equal(again.prompt, b.prompt)
+
+
+@SETTINGS
+@given(prob=problems(), n_queries=st.sampled_from([1, 3]), seed=st.integers(0, 2**31 - 1),
+       bl=st.sampled_from([(1, 4), (3, 2)]))
+def test_prompt_sampler(prob, n_queries, seed, bl):
+    """Tokens (x, y) with y = ±1, queries (x, 0), targets ±1 of shape (B, Q, 1), in the problem's dtype; reproducible."""
+    B, L = bl
+    d = prob.dim
+    sample = lda.prompt_sampler(prob, n_queries=n_queries)
+    b = sample(jax.random.key(seed), B, L)
+    assert isinstance(b, gmlib.Batch)
+    assert b.prompt.shape == (B, L, d + 1) and b.queries.shape == (B, n_queries, d + 1)
+    assert b.targets.shape == (B, n_queries, 1)
+    for a in (b.prompt, b.queries, b.targets):
+        assert np.all(np.isfinite(_np(a))) and a.dtype == prob.dtype
+    assert set(np.unique(_np(b.prompt[..., -1]))) <= {-1.0, 1.0}
+    assert set(np.unique(_np(b.targets))) <= {-1.0, 1.0}
+    assert np.all(_np(b.queries[..., -1]) == 0)
+    again = sample(jax.random.key(seed), B, L)
+    np.testing.assert_array_equal(_np(again.prompt), _np(b.prompt))
+
+
+@SETTINGS
+@given(prob=problems(dtype=np.float64), data=st.data())
+def test_prompt_sampler_rejects_invalid(prob, data):
+    # (the problem was checked when it was built: test_problem_rejects_invalid)
+    name, bad = data.draw(corrupt(dict(n_queries=2), {"n_queries": INT}))
+    assert_rejects(lambda: lda.prompt_sampler(prob, **bad), name)
+
+
+
 
 
 # ============================================================================ heads, prediction, risk, training
@@ -560,8 +637,8 @@ def test_head_params_constructors(d, dtype, seed, scale, prob):
     """zeros and normal have the advertised shapes and dtype; θ = 0 predicts 0 and has risk log 2;
     normal is reproducible and linear in ``scale``; ravel_pytree gives d² + 2d + 1 numbers."""
     zero = lda.HeadParams.zeros(d, dtype)
-    th = lda.HeadParams.normal(jax.random.key(seed), d, scale, dtype)
-    th1 = lda.HeadParams.normal(jax.random.key(seed), d, 1.0, dtype)
+    th = lda.HeadParams.normal(d, key=jax.random.key(seed), scale=scale, dtype=dtype)
+    th1 = lda.HeadParams.normal(d, key=jax.random.key(seed), dtype=dtype)
     for p in (zero, th):
         assert [leaf.shape for leaf in jax.tree.leaves(p)] == [(d, d), (d,), (d,), ()]
         assert all(leaf.dtype == dtype for leaf in jax.tree.leaves(p))
@@ -580,15 +657,18 @@ def test_head_params_constructors(d, dtype, seed, scale, prob):
 @SETTINGS
 @given(pt=problem_and_theta(), x=arrays((4, 3), -3.0, 3.0))
 def test_to_attention_effective_and_predict_agree(pt, x):
-    """predict = w·x + b + r σ(s₀ + s·x) (eq 6–7) = the last coordinate of population attention with
-    to_attention's (U, V) on the (X, Y) token law (Prop 2.1); the class swap negates f."""
+    """predict = w·x + b + r σ(s₀ + s·x) (eq 6–7) = the output of to_attention's head on the (X, Y)
+    token law (Prop 2.1, by apply_heads); the class swap negates f."""
     prob, th = pt
     d, t = prob.dim, tol(prob.dtype)
     x = x[:, :d].astype(prob.dtype)
-    U, V = lda.to_attention(th)
-    assert U.shape == V.shape == (d + 1, d + 1)
-    assert np.all(_np(U)[:, d] == 0) and np.all(_np(V)[:d] == 0)  # the blocks that do not act at (x, 0)
-    np.testing.assert_array_equal(_np(U)[:d, :d], _np(th.U11).T)
+    heads = lda.to_attention(th)
+    assert heads.n_heads == 1 and heads.dim == d + 1 and heads.out_dim == 1 and heads.dtype == prob.dtype
+    U, V = _np(heads.U[0]), _np(heads.V[0])
+    assert np.all(U[:, d] == 0)  # the blocks u21, u22 do not act at (x, 0)
+    np.testing.assert_array_equal(U[:d, :d], _np(th.U11).T)
+    np.testing.assert_array_equal(U[d, :d], _np(th.u12))
+    np.testing.assert_array_equal(V[0], np.append(_np(th.v21), _np(th.v22)))
     w, b, r, s = (_np(a) for a in lda.effective(prob, th))
     assert w.shape == s.shape == (d,) and b.shape == r.shape == ()
     assert all(np.all(np.isfinite(a)) for a in (w, b, r, s))
@@ -605,8 +685,9 @@ def test_to_attention_effective_and_predict_agree(pt, x):
     xs = _np(x)
     np.testing.assert_allclose(f, xs @ w + b + r / (1 + np.exp(-(s0 + xs @ s))), atol=100 * t * scale * 3)
     q = np.concatenate([x, np.zeros((x.shape[0], 1), prob.dtype)], axis=1)
-    attn = _np(gmlib.population_attention(prob.tokens(), q, U, V))
-    np.testing.assert_allclose(attn[:, -1], f, atol=(1e3 if prob.dtype == np.float32 else 100) * t * scale * 3)
+    attn = _np(gmlib.apply_heads(heads, prob.prompt, q))
+    assert attn.shape == (x.shape[0], 1)
+    np.testing.assert_allclose(attn[:, 0], f, atol=(1e3 if prob.dtype == np.float32 else 100) * t * scale * 3)
     swapped, th2 = _swap(prob, th)
     np.testing.assert_allclose(_np(lda.predict(swapped, th2, x)), -f, atol=100 * t * scale * 3)
 
@@ -642,7 +723,7 @@ def test_bayes_head_is_bayes_optimal_on_random_problems(prob, family, x):
         np.testing.assert_allclose(_np(prob.mean_pos), -_np(prob.mean_neg), atol=1e-6)
         return
     assert all(np.all(np.isfinite(_np(leaf))) for leaf in jax.tree.leaves(th))
-    score = _np(prob.bayes_score(x))
+    score = _np(prob.bayes(x))
     scale = 1 + np.abs(score).max() + sum(np.abs(_np(leaf)).max() for leaf in jax.tree.leaves(th)) ** 3
     np.testing.assert_allclose(_np(lda.predict(prob, th, x)), score, atol=100 * t * scale)
     np.testing.assert_allclose(float(lda.risk(prob, th)), float(prob.bayes_risk()),
@@ -655,7 +736,7 @@ def test_gradient_descent_does_not_raise_the_risk(pt, n_steps):
     """A TrainResult of n_steps + 1 records; the first is θ₀ and its risk; small steps do not raise the risk."""
     prob, th = pt
     t = tol(prob.dtype)
-    out = lda.gradient_descent(prob, th, OPT, n_steps, n_nodes=N_NODES)
+    out = lda.gradient_descent(prob, th, OPT, n_steps=n_steps, n_nodes=N_NODES)
     assert isinstance(out, gmlib.TrainResult) and isinstance(out.params, lda.HeadParams)
     assert out.steps.tolist() == list(range(n_steps + 1))
     risks = _np(out.metric)
@@ -675,12 +756,12 @@ def test_sgd_is_reproducible_and_finite(pt, seed, batch):
     prob, th = pt
     t = tol(prob.dtype)
     key = jax.random.key(seed)
-    out = lda.sgd(prob, th, key, OPT, 2, batch_size=batch, n_nodes=N_NODES)
+    out = lda.sgd(prob, th, OPT, key=key, n_steps=2, batch_size=batch, n_nodes=N_NODES)
     assert isinstance(out, gmlib.TrainResult) and out.steps.tolist() == [0, 1, 2]
     risks = _np(out.metric)
     assert risks.shape == (3,) and np.all(np.isfinite(risks))
     np.testing.assert_allclose(risks[0], float(lda.risk(prob, th, n_nodes=N_NODES)), rtol=10 * t, atol=10 * t)
-    again = lda.sgd(prob, th, key, OPT, 2, batch_size=batch, n_nodes=N_NODES)
+    again = lda.sgd(prob, th, OPT, key=key, n_steps=2, batch_size=batch, n_nodes=N_NODES)
     np.testing.assert_array_equal(_np(again.metric), risks)
     assert all(np.all(np.isfinite(_np(a))) for a in jax.tree.leaves(out.params))
 
@@ -689,17 +770,17 @@ def test_sgd_is_reproducible_and_finite(pt, seed, batch):
 @given(prob=problems(), seed=st.integers(0, 2**31 - 1), n=st.sampled_from([1, 7]))
 def test_problem_sample_and_bayes_params(prob, seed, n):
     """sample: shapes, finite, labels ±1, reproducible; bayes_params is (Γ⁻¹(m₁ − m₋₁), b*) with f* = w*·x + b*."""
-    x, y = prob.sample(jax.random.key(seed), n)
+    x, y = prob.sample(key=jax.random.key(seed), n_samples=n)
     assert x.shape == (n, prob.dim) and y.shape == (n,) and x.dtype == y.dtype == prob.dtype
     assert np.all(np.isfinite(_np(x))) and set(np.unique(_np(y))) <= {-1.0, 1.0}
-    x2, y2 = prob.sample(jax.random.key(seed), n)
+    x2, y2 = prob.sample(key=jax.random.key(seed), n_samples=n)
     np.testing.assert_array_equal(_np(x), _np(x2))
     np.testing.assert_array_equal(_np(y), _np(y2))
     w, b = (_np(a) for a in prob.bayes_params())
     G = _np(prob.cov)
     t = tol(prob.dtype)
     np.testing.assert_allclose(G @ w, _np(prob.mean_pos) - _np(prob.mean_neg), atol=1e3 * t * (1 + np.abs(w).max()))
-    np.testing.assert_allclose(_np(prob.bayes_score(x)), _np(x) @ w + b, atol=1e3 * t * (1 + np.abs(w).max()) * 10)
+    np.testing.assert_allclose(_np(prob.bayes(x)), _np(x) @ w + b, atol=1e3 * t * (1 + np.abs(w).max()) * 10)
 
 
 # ---------------------------------------------------------------------------- invalid inputs
@@ -737,8 +818,8 @@ def test_head_params_leaves_reject_invalid(pt, data, fn):
         "effective": lambda t: lda.effective(prob, t),
         "predict": lambda t: lda.predict(prob, t, np.zeros((1, prob.dim))),
         "risk": lambda t: lda.risk(prob, t),
-        "gradient_descent": lambda t: lda.gradient_descent(prob, t, OPT, 1, n_nodes=N_NODES),
-        "sgd": lambda t: lda.sgd(prob, t, jax.random.key(0), OPT, 1, n_nodes=N_NODES),
+        "gradient_descent": lambda t: lda.gradient_descent(prob, t, OPT, n_steps=1, n_nodes=N_NODES),
+        "sgd": lambda t: lda.sgd(prob, t, OPT, key=jax.random.key(0), n_steps=1, n_nodes=N_NODES),
     }
     assert_rejects(lambda: calls[fn](lda.HeadParams(**bad)), f"{arg}.{name}", name)
 
