@@ -239,10 +239,19 @@ class Goal:
     target: str
     measured: str
     met: bool | None  # None: not measured in this run
+    section: str = ""  # the benchmark section that measured it (set by run.py)
+
+    def status(self) -> str:
+        return "not run" if self.met is None else "met" if self.met else "MISSED"
 
 
-def goals_table(goals: list[Goal]) -> Table:
-    t = Table("Goals", ["goal", "target", "measured", "status"])
+GOAL_HEADERS = ["section", "goal", "target", "measured", "status"]
+
+
+def goals_table(goals: list[Goal], kept_rows: list[list[str]] = ()) -> Table:
+    """The goals of this run, after ``kept_rows`` (rows of a page's goals table from sections not run now)."""
+    t = Table("Goals", GOAL_HEADERS)
+    t.rows += [list(r) for r in kept_rows]
     for g in goals:
-        t.add(g.name, g.target, g.measured, "not run" if g.met is None else "met" if g.met else "MISSED")
+        t.add(g.section, g.name, g.target, g.measured, g.status())
     return t

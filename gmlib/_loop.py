@@ -29,8 +29,8 @@ class TrainResult(NamedTuple):
         params: the final parameters (a pytree).
         steps: the recorded step numbers, shape (n_records,) (int).
         metric: the values recorded at those steps, stacked on a first axis of length
-            n_records (for :func:`gmlib.lda.gradient_descent`: the population risk; for
-            :func:`gmlib.train.fit`: the training loss).
+            n_records (``optimize``'s ``metric``, e.g. the population risk for
+            :func:`gmlib.lda.gradient_descent`, or the mean training loss).
         trajectory: the parameters at those steps (each leaf with a leading axis of
             length n_records), or ``None`` when not recorded.
     """

@@ -45,3 +45,19 @@ def test_every_public_name_is_tested(module):
             home = (getattr(obj, "__module__", None) or module).split(".")[-1].lstrip("_")
             missing.append(f"{name} (add its tests to tests/test_{home}.py)")
     assert not missing, f"public names of {module} used by no test: {missing}"
+
+
+def test_one_version_everywhere():
+    """gmlib.__version__, pyproject.toml, CITATION.cff and the newest CHANGELOG entry name one version."""
+    import re
+
+    import gmlib
+
+    root = TESTS.parent
+    found = {
+        "gmlib.__version__": gmlib.__version__,
+        "pyproject.toml": re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)[1],
+        "CITATION.cff": re.search(r"^version: (\S+)", (root / "CITATION.cff").read_text(), re.M)[1],
+        "CHANGELOG.md": re.search(r"^## (\S+)", (root / "CHANGELOG.md").read_text(), re.M)[1],
+    }
+    assert len(set(found.values())) == 1, found

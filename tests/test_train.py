@@ -87,6 +87,16 @@ def test_sweep_grid_indexing_keys_and_inputs():
     assert plain.shape == (3, 2)
     np.testing.assert_array_equal(plain[1], jax.random.uniform(jax.random.key(1), (2,)))
 
+    class Unhashable:  # compiled in a jit of its own
+        __hash__ = None
+
+        def __call__(self, key, length):
+            return length, jax.random.uniform(key)
+
+    lengths, u = train.sweep(Unhashable(), seeds=[3], lengths=[1, 2])
+    np.testing.assert_array_equal(lengths, [[1], [2]])
+    np.testing.assert_array_equal(u, [[uniform(3)], [uniform(3)]])
+
 
 def test_sweep_inputs_start_points():
     """Per-seed start points through `inputs`: each cell equals the run from its seed's start point."""
