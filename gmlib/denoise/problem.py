@@ -247,7 +247,7 @@ class DenoisingProblem:
             >>> x, z = prob.sample(key=jax.random.key(0), n_samples=1000)
         """
         k_x, k_eps = jax.random.split(key)
-        x, _ = self.clean.sample(k_x, n_samples)
+        x, _ = self.clean.sample(key=k_x, n_samples=n_samples)
         return x, x + self.xi * _random.normal(k_eps, x.shape, self.dtype)
 
     def excess_risk(self, f: Callable, *, method: str = "auto", n_nodes: int | None = None,
@@ -300,7 +300,7 @@ class DenoisingProblem:
         elif key is None:
             raise ValueError("`key` is required for the Monte Carlo excess risk (d > 3 or method='monte_carlo')")
         else:
-            value, stderr = monte_carlo_expectation(self.noisy, sq_error, key, n_samples)
+            value, stderr = monte_carlo_expectation(self.noisy, sq_error, key=key, n_samples=n_samples)
         return (value, stderr) if with_stderr else value
 
     def bayes_risk(self, *, n_nodes: int | None = None):
@@ -349,7 +349,7 @@ class DenoisingProblem:
         if k == 1:
             nodes, w = _trapezoid(4001 if n_nodes is None else n_nodes, self.dtype)
         else:
-            nodes, w = gauss_hermite({2: 64, 3: 28}[k] if n_nodes is None else n_nodes, k, self.dtype)
+            nodes, w = gauss_hermite(n_nodes={2: 64, 3: 28}[k] if n_nodes is None else n_nodes, dim=k, dtype=self.dtype)
         return _bayes_risk(self, nodes, w)
 
 
