@@ -303,7 +303,7 @@ def test_task_sampler_rejects_invalid(data):
         return st.sampled_from([(0.0, 0.5), (0.6, 0.4), (0.2, 1.0), (0.1, 0.2, 0.3), (np.nan, 0.5), ("a", "b"),
                                 0.5, None])
 
-    # the returned sample(key, batch_size, prompt_length) checks nothing: fit and training_run check the sizes
+    # the returned sample(key, batch_size, prompt_length) checks nothing: its sizes are static shapes
     args = dict(gamma=0.5, xi=1.0, dim=2, radius=3.0, weight_range=(0.2, 0.8), n_queries=1)
     spec = {"gamma": OBJ(lambda _: st.sampled_from([np.nan, np.inf, -1.0, np.ones(2), "1", None])),
             "xi": OBJ(_bad_scalar, lambda _: st.just(0.0)), "dim": INT, "radius": OBJ(_bad_scalar),

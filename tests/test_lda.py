@@ -492,7 +492,7 @@ def problems(draw, dtype=None, mean_scale=2.0):
 
 @SETTINGS
 @given(prob=problems(), x=arrays((4, 3), -5.0, 5.0))
-def test_bayes_score_and_risk_are_symmetric_in_the_classes(prob, x):
+def test_bayes_and_risk_are_symmetric_in_the_classes(prob, x):
     x = x[:, :prob.dim].astype(prob.dtype)
     t = tol(prob.dtype)
     score = np.asarray(prob.bayes(x), np.float64)
@@ -532,7 +532,7 @@ def test_problem_rejects_invalid(prob, data):
 
 @SETTINGS
 @given(prob=problems(dtype=np.float64), data=st.data())
-def test_bayes_score_rejects_invalid_points(prob, data):
+def test_bayes_rejects_invalid_points(prob, data):
     name, bad = data.draw(corrupt(dict(x=np.zeros((2, prob.dim))), {"x": Arg(fixed_axes=(1,))}))
     assert_rejects(lambda: prob.bayes(bad["x"]), name)
 
