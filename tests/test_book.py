@@ -243,3 +243,49 @@ def test_chapters_are_executed_into_the_cache_and_failures_reported(tmp_path, ca
         cache.match_cache_notebook(nbformat.read(bad, as_version=4))
     assert execute_chapters.main([str(good), "--cache", str(cache_dir)]) == 0  # matched: not executed again
     assert "good.ipynb: in the cache already" in capsys.readouterr().out
+
+
+def _list_markers_inside_formulas(text):
+    """Lines of Markdown that open a list item ("- ", "+ ", "* ", "1. ") while an inline formula is open.
+
+    MyST reads such a line as a list item and the formula around it is left as raw TeX on the
+    page: a source line must not start with an operator inside ``$...$``. Code blocks are
+    skipped; directive bodies (a proposition, a solution) are Markdown and are checked.
+    """
+    found, fences, dollars = [], [], 0
+    for n, line in enumerate(text.splitlines(), 1):
+        fence = re.match(r"^(`{3,})\s*(\{[^}]*\}|\w*)", line)
+        if fence:
+            if fences and fences[-1] == "code":
+                fences.pop()
+            elif fence[2].startswith("{") or fence[2]:  # a directive, or a code block with a language
+                fences.append("directive" if fence[2].startswith("{") else "code")
+            elif fences:  # a bare fence closes the directive
+                fences.pop()
+            else:
+                fences.append("code")
+            dollars = 0
+            continue
+        if fences and fences[-1] == "code":
+            continue
+        if not line.strip() or line.startswith(":"):
+            dollars = 0
+            continue
+        if dollars % 2 and re.match(r"^\s*([-+*]|\d+\.)\s", line):
+            found.append((n, line.strip()[:60]))
+        dollars += len(re.findall(r"(?<!\\)\$", line.replace("$$", "")))
+    return found
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_line_inside_a_formula_starts_a_list(nb):
+    """No Markdown line inside an inline formula starts with "- ", "+ ", "* " or "1. " (it breaks the formula)."""
+    bad = [hit for c in jupytext.read(nb).cells if c.cell_type == "markdown"
+           for hit in _list_markers_inside_formulas(c.source)]
+    assert not bad, f"{nb.name}: move the operator to the end of the previous line: {bad}"
+
+
+def test_the_formula_check_can_fail():
+    """The check finds the two cases that broke pages (a "- " and a "+ " opening a line inside $...$)."""
+    text = "```{prf:proposition}\n$\\beta = a\n- b$.\n```\n\nThen $x = y\n+ z$ holds.\n\n- a real item $x$\n"
+    assert [n for n, _ in _list_markers_inside_formulas(text)] == [3, 7]
