@@ -186,15 +186,14 @@ def check_psd(mats, name: str, *, definite: bool = False) -> None:
     the dtype's machine epsilon (4.5e14 in float64 for D = 1): a Cholesky factor of anything
     closer to singular is meaningless.
     """
-    D = mats.shape[-1] if mats.ndim >= 2 else 0
-    if D == 0 or mats.shape[-2] != D:
+    if mats.ndim < 2 or mats.shape[-1] != mats.shape[-2] or mats.shape[-1] == 0:
         raise ValueError(f"`{name}` must hold square matrices, shape (..., D, D) with D >= 1; got {tuple(mats.shape)}")
     if is_concrete(mats):
         a, eps = np.asarray(mats, np.float64), 1e-5 if mats.dtype == jnp.float32 else 1e-10
         scale, skew = np.maximum(1.0, np.abs(a).max(axis=(-2, -1))), np.abs(a - np.swapaxes(a, -1, -2)).max((-2, -1))
         lam = np.linalg.eigvalsh(a)  # (of the lower triangle)
-        if np.any(skew > eps * scale) or np.any(lam[..., 0] <= 10 * D * float(jnp.finfo(mats.dtype).eps) * np.abs(
-                lam).max(axis=-1) if definite else lam[..., 0] < -eps * scale):
+        if np.any(skew > eps * scale) or np.any(lam[..., 0] <= 10 * a.shape[-1] * float(jnp.finfo(mats.dtype).eps)
+                                                * np.abs(lam).max(axis=-1) if definite else lam[..., 0] < -eps * scale):
             raise ValueError(f"`{name}` must be symmetric positive {'definite' if definite else 'semi-definite'}; got "
                              f"asymmetry {skew.max():.3g}, smallest eigenvalue {lam[..., 0].min():.3g}")
 

@@ -65,11 +65,11 @@ def _check_args(queries, prompt, U, V=None, *static):
     runs it (:func:`C.finite_kernel`'s ``check``) when it is traced, once per shape and dtype."""
     population = isinstance(prompt, GaussianMixture)
     dtype = common_float_dtype(prompt.means if population else prompt, queries, U, V)
-    prompt = prompt.astype(dtype) if population else C.array(prompt, "prompt", ("L", "D"), dtype=dtype,
-                                                               finite=False, min_rows=1)
+    # (the arguments are tracers here: finiteness is finite_kernel's, on the result)
+    prompt = prompt.astype(dtype) if population else C.array(prompt, "prompt", ("L", "D"), dtype=dtype, min_rows=1)
     dims = {"D": prompt.dim if population else prompt.shape[1]}  # the token dimension
-    queries, U, V = (None if a is None else C.array(a, name, shape, dims=dims, dtype=dtype, finite=False) for a, name,
-                     shape in ((queries, "queries", ("n", "D")), (U, "U", ("D", "D")), (V, "V", ("D_out", "D"))))
+    queries, U, V = (None if a is None else C.array(a, name, shape, dims=dims, dtype=dtype) for a, name, shape in
+                     ((queries, "queries", ("n", "D")), (U, "U", ("D", "D")), (V, "V", ("D_out", "D"))))
     return (queries, prompt, U, V, *static)
 
 

@@ -187,7 +187,7 @@ def apply_heads(heads: Heads, prompt, queries, *, kind: str = "softmax", block_s
     C.check_choice(kind, "kind", _KINDS)
     population, D = isinstance(prompt, GaussianMixture), heads.dim
     if population and (prompt.dim != D or mask is not None):
-        raise ValueError(f"`prompt` must be a mixture on R^{D} (the heads' dimension), without a `mask`")
+        raise ValueError(f"`prompt` must be a mixture on R^{D} (the heads' D) without a `mask`; got R^{prompt.dim}")
     prompt = prompt if population else C.array(prompt, "prompt", ("L", "D"), dims={"D": D}, finite=False, min_rows=1)
     queries = C.array(queries, "queries", ("Q", "D"), dims={"D": D}, finite=False)
     if mask is not None and (jnp.shape(mask) != prompt.shape[:1] or jnp.result_type(mask) != jnp.bool_
