@@ -173,8 +173,8 @@ def run(quick: bool, log) -> tuple[list[Table], list[Goal]]:
         small.add(call, kind, fmt_time(wall[pub]), fmt_time(wall[jit]), fmt_ratio(wall[pub] / wall[jit]),
                   fmt_ratio(cpu[pub] / max(cpu[jit], 1e-9)))
     small.notes.append("public: the kernel (its shape and dtype checks run when it is traced, once per shape), "
-                       "then its result checked for finiteness (on a CPU in host memory, on an accelerator by a "
-                       "flag from the same device call), the inputs only when it is not; inside jax.jit: the same "
+                       "then its result checked for finiteness (by a flag from the same device call), the "
+                       "inputs only when it is not; inside jax.jit: the same "
                        "kernel, no finiteness check. apply_heads: a gmlib.Heads of one head with the same U, V.")
     ratio, ratio_heads = wall["public"] / wall["jit"], wall["heads"] / wall["heads, jit"]
     goals = [

@@ -158,7 +158,10 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
         ...                record_every=10, metric=lambda th: risk(problem, th))
         >>> out = optimize(batch_loss, heads, optax.adam(1e-3), n_steps=5000, sample=draw, key=key)
     """
-    n_steps, record_every = C.check_steps(n_steps, record_every)
+    n_steps = C.scalar(n_steps, "n_steps", low=0, integer=True)
+    record_every = C.scalar(record_every, "record_every", low=0, integer=True)
+    if n_steps % record_every:  # no step dropped
+        raise ValueError(f"`n_steps` must be a multiple of `record_every` = {record_every}; got {n_steps}")
     for name, fn in (("loss", loss), ("sample", sample), ("metric", metric)):
         if fn is not None and not callable(fn):
             raise ValueError(f"`{name}` must be a function; got {type(fn).__name__}")

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
+from gmlib._dtypes import common_float_dtype
+from gmlib.mixture import GaussianMixture
 
 __all__ = [
     "softmax_attention",
@@ -36,10 +38,10 @@ __all__ = [
 
 
 def _arrays(*args, names):
-    """Arrays a jitted kernel takes as they are (JAX arrays, tracers, real numpy arrays, None);
+    """Arrays a jitted kernel takes as they are (JAX arrays, tracers, real numpy arrays, None, a mixture);
     anything else (lists, numbers, complex or object arrays) converted or refused by :func:`C.array`.
 
-    The public functions pass their inputs through this, then to a kernel that begins with
+    The public functions pass their inputs through this, then to a kernel that checks them with
     :func:`_check_args`: shapes and dtypes are checked and cast while the kernel is traced,
     once per combination of shapes and dtypes, so a repeated call costs one dispatch.
     """
@@ -47,7 +49,7 @@ def _arrays(*args, names):
 
 
 def _as_is(a) -> bool:
-    if a is None or isinstance(a, jax.Array):
+    if a is None or isinstance(a, (jax.Array, GaussianMixture)):
         return True
     return isinstance(a, np.ndarray) and a.dtype.kind in "biuf" and a.dtype.itemsize <= 8
 
@@ -57,20 +59,28 @@ def _rows(x) -> int:
     return x.shape[0] if x.ndim else 0
 
 
-def _check_args(prompt, queries, U, V=None, *, population: bool = False):
-    """Convert the prompt (tokens (L, D), or a GaussianMixture with ``population``), queries (n, D),
-    U (D, D) and V (D_out, D) (optional) to one floating dtype; shapes against the token dimension D.
-    Called at the top of every kernel, where it runs once per traced shape."""
-    dtype = C.common_float_dtype(prompt.means if population else prompt, queries, U, *(() if V is None else (V,)))
-    prompt = prompt.astype(dtype) if population else C.array(prompt, "prompt", ("L", "D"), dtype=dtype,
-                                                               finite=False, min_rows=1)
-    dim = prompt.dim if population else prompt.shape[1]
-    queries = C.array(queries, "queries", (None, dim), dtype=dtype, finite=False,
-                      desc=f"(n, D) with D = {dim} (the token dimension)")
-    U = C.array(U, "U", (dim, dim), dtype=dtype, finite=False, desc=f"(D, D) = ({dim}, {dim}) (the token dimension)")
-    V = V if V is None else C.array(V, "V", (None, dim), dtype=dtype, finite=False,
-                                    desc=f"(D_out, D) with D = {dim} (the token dimension)")
-    return prompt, queries, U, V
+def _check_args(queries, prompt, U, V=None, *static):
+    """Convert the kernel arguments queries (n, D), prompt (tokens (L, D) or a GaussianMixture), U (D, D)
+    and V (D_out, D) (or None) to one floating dtype; shapes against the token dimension D. Every kernel
+    runs it (:func:`C.finite_kernel`'s ``check``) when it is traced, once per shape and dtype."""
+    population = isinstance(prompt, GaussianMixture)
+    dtype = common_float_dtype(prompt.means if population else prompt, queries, U, V)
+    # (the arguments are tracers here: finiteness is finite_kernel's, on the result)
+    prompt = prompt.astype(dtype) if population else C.array(prompt, "prompt", ("L", "D"), dtype=dtype, min_rows=1)
+    dims = {"D": prompt.dim if population else prompt.shape[1]}  # the token dimension
+    queries, U, V = (None if a is None else C.array(a, name, shape, dims=dims, dtype=dtype) for a, name, shape in
+                     ((queries, "queries", ("n", "D")), (U, "U", ("D", "D")), (V, "V", ("D_out", "D"))))
+    return (queries, prompt, U, V, *static)
+
+
+def _block_size(block_size, n: int, L: int):
+    """``None`` (one pass over the prompt) or the int size of its blocks, for a valid ``block_size``
+    (``None``, a positive int, ``"auto"``: :func:`_auto_block_size`), or raise."""
+    if not (block_size is None or isinstance(block_size, str) and block_size == "auto" or isinstance(
+            block_size, (int, np.integer)) and not isinstance(block_size, bool) and block_size > 0):
+        raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
+    block_size = _auto_block_size(n, L) if isinstance(block_size, str) else block_size
+    return None if block_size is None or block_size >= L else int(block_size)
 
 
 # ----------------------------------------------------------------------------- finite prompts
@@ -121,16 +131,11 @@ def softmax_attention(prompt, queries, U, V, *, block_size=None):
 
     This is eq 1 of the paper on the empirical measure of the tokens.
     """
-    auto = isinstance(block_size, str) and block_size == "auto"
-    if not (auto or block_size is None or (isinstance(block_size, (int, np.integer))
-                                           and not isinstance(block_size, bool) and block_size > 0)):
-        raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
     prompt, queries, U, V = _arrays(prompt, queries, U, V, names=("prompt", "queries", "U", "V"))
-    if auto:
-        block_size = _auto_block_size(_rows(queries), _rows(prompt))
-    if block_size is None or block_size >= _rows(prompt):
+    block_size = _block_size(block_size, _rows(queries), _rows(prompt))
+    if block_size is None:
         return _softmax_dense(queries, prompt, U, V)
-    return _softmax_blocked(queries, prompt, U, V, int(block_size))
+    return _softmax_blocked(queries, prompt, U, V, block_size)
 
 
 def _values_at_end(n: int, D: int, D_out: int) -> bool:
@@ -159,13 +164,12 @@ def _auto_block_size(n: int, L: int) -> int:
     return int(L if L <= 8 * b else b)
 
 
-_PROMPT = ("queries", "prompt", "U", "V")  # the arguments of the finite-prompt kernels, checked finite there
-_POPULATION = (None, "queries", "U", "V")  # the mixture was validated when it was built
+_PROMPT = ("queries", "prompt", "U", "V")  # the arguments of the kernels, by name
+_POPULATION = ("queries", "mixture", "U", "V")
 
 
-@C.finite_kernel(*_PROMPT)
+@C.finite_kernel(*_PROMPT, check=_check_args)
 def _softmax_dense(queries, tokens, U, V):
-    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     scores = (queries @ U.T) @ tokens.T  # (n, L): z_i^T U z
     weights = jax.nn.softmax(scores, axis=-1)
     if _values_at_end(*queries.shape, V.shape[0]):
@@ -190,13 +194,12 @@ def _merge(carry, block):
     return m, s0 * r0 + s1 * r1, a0 * r0[:, None] + a1 * r1[:, None]
 
 
-@C.finite_kernel(*_PROMPT, None, static_argnums=4)
+@C.finite_kernel(*_PROMPT, None, static_argnums=4, check=_check_args)
 def _softmax_blocked(queries, tokens, U, V, block_size: int):
     # Streams the prompt in place: full blocks are read with dynamic_slice inside a
     # fori_loop (no padded or reshaped copy of the (L, D) tokens, which at L = 2**23
     # would double the memory), the last partial block is one static slice. The
     # first block initialises the running statistics, so no -inf ever enters them.
-    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     n, D = queries.shape
     L = tokens.shape[0]
     B = min(block_size, L)
@@ -247,9 +250,8 @@ def linear_attention(prompt, queries, U, V):
     return _linear(*_arrays(queries, prompt, U, V, names=("queries", "prompt", "U", "V")))
 
 
-@C.finite_kernel(*_PROMPT)
+@C.finite_kernel(*_PROMPT, check=_check_args)
 def _linear(queries, tokens, U, V):
-    tokens, queries, U, V = _check_args(tokens, queries, U, V)
     moment = tokens.T @ tokens / tokens.shape[0]
     return queries @ U.T @ moment @ V.T
 
@@ -286,7 +288,7 @@ def gates(mixture, queries, U):
     Raises:
         ValueError: as :func:`population_attention`.
     """
-    return _gates(mixture, *_arrays(queries, U, names=("queries", "U")))
+    return _gates(*_arrays(queries, mixture, U, None, names=("queries", "mixture", "U", "V")))
 
 
 def _gate_logits(mixture, u):
@@ -294,9 +296,8 @@ def _gate_logits(mixture, u):
     return jnp.log(mixture.weights)[None, :] + u @ mixture.means.T + quad
 
 
-@C.finite_kernel(None, "queries", "U")
-def _gates(mixture, queries, U):
-    mixture, queries, U, _ = _check_args(mixture, queries, U, population=True)
+@C.finite_kernel(*_POPULATION, check=_check_args)
+def _gates(queries, mixture, U, V):  # (V: None)
     u = queries @ U.T
     return jax.nn.softmax(_gate_logits(mixture, u), axis=-1)
 
@@ -333,12 +334,11 @@ def population_attention(mixture, queries, U, V):
         ValueError: for shapes that do not match the mixture's dimension, or
             non-finite values.
     """
-    return _population(mixture, *_arrays(queries, U, V, names=("queries", "U", "V")))
+    return _population(*_arrays(queries, mixture, U, V, names=("queries", "mixture", "U", "V")))
 
 
-@C.finite_kernel(*_POPULATION)
-def _population(mixture, queries, U, V):
-    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
+@C.finite_kernel(*_POPULATION, check=_check_args)
+def _population(queries, mixture, U, V):
     u = queries @ U.T
     alpha = jax.nn.softmax(_gate_logits(mixture, u), axis=-1)  # (n, M)
     experts = mixture.means[None, :, :] + jnp.einsum("kde,ne->nkd", mixture.covs, u)  # (n, M, D)
@@ -366,10 +366,9 @@ def population_linear_attention(mixture, queries, U, V):
     Raises:
         ValueError: as :func:`population_attention`.
     """
-    return _population_linear(mixture, *_arrays(queries, U, V, names=("queries", "U", "V")))
+    return _population_linear(*_arrays(queries, mixture, U, V, names=("queries", "mixture", "U", "V")))
 
 
-@C.finite_kernel(*_POPULATION)
-def _population_linear(mixture, queries, U, V):
-    mixture, queries, U, V = _check_args(mixture, queries, U, V, population=True)
+@C.finite_kernel(*_POPULATION, check=_check_args)
+def _population_linear(queries, mixture, U, V):
     return queries @ U.T @ mixture.second_moment() @ V.T

@@ -23,7 +23,6 @@ form of Prop 2.1). :class:`Heads` holds the parameters, :func:`apply_heads` eval
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -32,9 +31,10 @@ import numpy as np
 
 from gmlib import _checks as C
 from gmlib import _random
+from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked
 from gmlib.attention import (
-    _auto_block_size,
+    _block_size,
     _population,
     _population_linear,
     _softmax_blocked,
@@ -98,14 +98,13 @@ class Heads:
 
     def __post_init__(self):
         leaves = [a for a in (self.U, self.V, self.W_out) if a is not None]
-        dtype = C.common_float_dtype(*leaves)
+        dtype = common_float_dtype(*leaves)
         U = C.array(self.U, "U", ("H", "D", "D"), dtype=dtype, min_rows=1)
         H, D = U.shape[0], U.shape[1]
         V = C.array(self.V, "V", ("H", "D_v", "D"), dims={"H": H, "D": D}, dtype=dtype)
-        if not isinstance(self.residual, (bool, np.bool_)):
-            raise ValueError(f"`residual` must be True or False; got {self.residual!r}")
-        if self.residual and V.shape[1] != D:
-            raise ValueError(f"a residual layer needs D_v = D = {D}; got `V` of shape {tuple(V.shape)}")
+        if not isinstance(self.residual, (bool, np.bool_)) or (self.residual and V.shape[1] != D):
+            raise ValueError(f"`residual` must be True or False, True only with D_v = D = {D}; got {self.residual!r} "
+                             f"with `V` of shape {tuple(V.shape)}")
         W = self.W_out
         if W is not None:
             hv = H * V.shape[1]
@@ -188,40 +187,27 @@ def apply_heads(heads: Heads, prompt, queries, *, kind: str = "softmax", block_s
     C.check_choice(kind, "kind", _KINDS)
     population, D = isinstance(prompt, GaussianMixture), heads.dim
     if population and (prompt.dim != D or mask is not None):
-        raise ValueError(f"`prompt` must be a mixture on R^{D} (the heads' dimension), without a `mask`")
-    prompt, queries = (prompt if population else C.array(prompt, "prompt", ("L", "D"), dims={"D": D}, finite=False,
-                                                         min_rows=1),
-                       C.array(queries, "queries", ("Q", "D"), dims={"D": D}, finite=False))
-    if mask is not None and (jnp.shape(mask) != prompt.shape[:1] or jnp.result_type(mask) != jnp.bool_):
-        raise ValueError(f"`mask` must be a boolean array (L,) = ({prompt.shape[0]},); got {jnp.result_type(mask)} "
-                         f"of shape {jnp.shape(mask)}")
-    if block_size is not None and (mask is not None or not isinstance(block_size, (int, np.integer, str))):
-        raise ValueError(f'`block_size` must be None, a positive int or "auto", without a `mask`; got {block_size!r}')
-    if population or kind == "linear" or block_size is None:
-        block_size = None
-    elif block_size == "auto":
-        block_size = _auto_block_size(queries.shape[0], prompt.shape[0])
-    elif isinstance(block_size, str) or isinstance(block_size, bool) or block_size <= 0:
-        raise ValueError(f'`block_size` must be None, a positive int or "auto"; got {block_size!r}')
-    if block_size is not None and block_size >= prompt.shape[0]:
-        block_size = None
-    out = _apply(heads, prompt, queries, mask, kind=kind, block_size=block_size)
-    if not isinstance(out, jax.core.Tracer) and not np.isfinite(np.asarray(out)).all():
-        C.finite(**{"heads.U": heads.U, "heads.V": heads.V, "queries": queries},
-                 **({} if population else {"prompt": prompt}),
-                 **({} if heads.W_out is None else {"heads.W_out": heads.W_out}))
-    return out
+        raise ValueError(f"`prompt` must be a mixture on R^{D} (the heads' D) without a `mask`; got R^{prompt.dim}")
+    prompt = prompt if population else C.array(prompt, "prompt", ("L", "D"), dims={"D": D}, finite=False, min_rows=1)
+    queries = C.array(queries, "queries", ("Q", "D"), dims={"D": D}, finite=False)
+    if mask is not None and (jnp.shape(mask) != prompt.shape[:1] or jnp.result_type(mask) != jnp.bool_
+                             or block_size is not None):
+        raise ValueError(f"`mask` must be a boolean array (L,) = ({prompt.shape[0]},), without a `block_size`; got "
+                         f"{jnp.result_type(mask)} of shape {jnp.shape(mask)}, block_size={block_size!r}")
+    # (population and linear attention take the prompt in one pass: L = 1 gives block_size None)
+    block_size = _block_size(block_size, queries.shape[0], 1 if population or kind == "linear" else prompt.shape[0])
+    return _apply(heads, prompt, queries, mask, kind, block_size)
 
 
-@partial(jax.jit, static_argnames=("kind", "block_size"))
-def _apply(heads, prompt, queries, mask, *, kind, block_size):
+@C.finite_kernel("heads", "prompt", "queries", None, static_argnums=(4, 5))
+def _apply(heads, prompt, queries, mask, kind, block_size):
     population = isinstance(prompt, GaussianMixture)
-    dtype = C.common_float_dtype(heads.U, prompt.means if population else prompt, queries)
+    dtype = common_float_dtype(heads.U, prompt.means if population else prompt, queries)
     heads, queries = heads.astype(dtype), queries.astype(dtype)
     prompt = prompt.astype(dtype)
     if population:
         op = _population if kind == "softmax" else _population_linear
-        outs = jax.vmap(lambda U, V: op(prompt, queries, U, V))(heads.U, heads.V)
+        outs = jax.vmap(lambda U, V: op(queries, prompt, U, V))(heads.U, heads.V)
     elif kind == "linear":
         w = None if mask is None else mask.astype(dtype)
         weighted = prompt if w is None else prompt * w[:, None]

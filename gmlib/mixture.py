@@ -11,10 +11,10 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from gmlib import _checks as C
 from gmlib import _random
+from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked, validated_pytree
 
 __all__ = ["GaussianMixture", "psd_sqrt"]
@@ -48,8 +48,7 @@ def psd_sqrt(mats):
     infinite where :math:`\Gamma` is singular (the square root of 0); there the part of
     :math:`\dot R` within the null space of :math:`\Gamma` is returned as 0.
     """
-    mats = C.array(mats, "mats")
-    C.check_psd(mats, "mats")
+    mats = C.array(mats, "mats", psd=True)
     return _psd_sqrt(mats)
 
 
@@ -127,13 +126,10 @@ class GaussianMixture:
     covs: jax.Array
 
     def __init__(self, weights, means, covs):
-        dtype = C.common_float_dtype(weights, means, covs)
-        weights = C.array(weights, "weights", (None,), dtype=dtype, desc="(M,)")
-        m = weights.shape[0]
-        covs = C.array(covs, "covs", (m, None, None), dtype=dtype, desc=f"(M, D, D) with M = {m}")
-        C.check_psd(covs, "covs")  # square: its D is the one the means must have
-        d = covs.shape[-1]
-        means = C.array(means, "means", (m, d), dtype=dtype, desc=f"(M, D) = ({m}, {d}) (D from `covs`)")
+        dtype = common_float_dtype(weights, means, covs)
+        weights = C.array(weights, "weights", ("M",), dtype=dtype)
+        covs = C.array(covs, "covs", ("M", "D", "D"), dims={"M": weights.shape[0]}, dtype=dtype, psd=True)
+        means = C.array(means, "means", ("M", "D"), dims=dict(zip("MD", covs.shape)), dtype=dtype)
         C.check_weights(weights)
         object.__setattr__(self, "weights", weights)
         object.__setattr__(self, "means", means)
@@ -152,11 +148,9 @@ class GaussianMixture:
             ValueError: naming the argument, for a wrong shape, non-finite values, or the
                 constraints of :class:`GaussianMixture`.
         """
-        dtype = C.common_float_dtype(weights, means, std)
-        means = C.array(means, "means", (None, None), dtype=dtype, desc="(M, D)")
-        std = C.array(std, "std", dtype=dtype)
-        if std.ndim > 1 or (std.ndim == 1 and std.shape[0] != means.shape[0]):
-            raise ValueError(f"`std` must be a scalar or have shape (M,) = ({means.shape[0]},); got {tuple(std.shape)}")
+        dtype = common_float_dtype(weights, means, std)
+        means = C.array(means, "means", ("M", "D"), dtype=dtype)
+        std = C.array(std, "std", ("M",) if jnp.ndim(std) else (), dims={"M": means.shape[0]}, dtype=dtype)
         m, d = means.shape
         var = jnp.broadcast_to(std**2, (m,))
         covs = var[:, None, None] * jnp.eye(d, dtype=dtype)
@@ -199,7 +193,7 @@ class GaussianMixture:
         Raises:
             ValueError: naming ``xi`` unless it is a finite scalar.
         """
-        xi = C.array(xi, "xi", (), dtype=self.dtype, desc="() (a scalar)")
+        xi = C.array(xi, "xi", (), dtype=self.dtype)
         noisy = self.covs + xi**2 * jnp.eye(self.dim, dtype=self.dtype)
         return unchecked(GaussianMixture, self.weights, self.means, noisy)
 
@@ -228,21 +222,6 @@ class GaussianMixture:
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), axis=-1)
         return -0.5 * (jnp.sum(sol**2, axis=-1) + logdet + self.dim * jnp.log(2 * jnp.pi))
 
-    def _check_density_input(self, z):
-        z = C.array(z, "z", (None, self.dim), dtype=self.dtype, desc=f"(n, D) with D = {self.dim}")
-        if C.is_concrete(self.covs):
-            lam = np.linalg.eigvalsh(np.asarray(self.covs, np.float64))
-            # numerically singular (condition number beyond ~1 / (10 D eps)): the Cholesky
-            # factor would be NaN or meaningless, so refuse instead of returning garbage
-            floor = 10 * self.dim * float(jnp.finfo(self.dtype).eps) * np.abs(lam).max(axis=-1)
-            if bool(np.any(lam.min(axis=-1) <= floor)):
-                raise ValueError(
-                    "`covs` must be positive definite for a density; a singular (or numerically "
-                    "singular: condition number above 1 / (10 D eps)) component has no density "
-                    "on R^D (use add_noise to smooth it)"
-                )
-        return z
-
     def log_prob(self, z):
         r"""The log-density :math:`\log \sum_k \pi_k \mathcal N(z; m_k, \Gamma_k)`, shape (n,).
 
@@ -259,8 +238,8 @@ class GaussianMixture:
         The error grows like :math:`\kappa\,\varepsilon` times the Mahalanobis term for a
         covariance of condition number :math:`\kappa`.
         """
-        z = self._check_density_input(z)
-        return _log_prob(self, z)
+        C.check_psd(self.covs, "covs", definite=True)  # a singular component has no density (add_noise smooths it)
+        return _log_prob(self, C.array(z, "z", ("n", "D"), dims={"D": self.dim}, dtype=self.dtype))
 
     def responsibilities(self, z):
         r"""Posterior component probabilities :math:`P(C = k \mid X = z)`, shape (n, M).
@@ -274,8 +253,8 @@ class GaussianMixture:
         **Numerical limits.** Weights below the smallest normal number (about 2.2e-308 in
         float64, 1.2e-38 in float32) are flushed to zero on CPU and count as absent components.
         """
-        z = self._check_density_input(z)
-        return _responsibilities(self, z)
+        C.check_psd(self.covs, "covs", definite=True)
+        return _responsibilities(self, C.array(z, "z", ("n", "D"), dims={"D": self.dim}, dtype=self.dtype))
 
 
 @partial(jax.jit, static_argnums=2)

@@ -32,17 +32,19 @@ STYLE = {
 }
 
 
-def _positive_1d(a, name: str):
+def _positive_1d(a, name: str, size=None):
+    """``a`` as a float64 array of at least two (or exactly ``size``) positive finite numbers, or raise naming it."""
     try:
         arr = np.asarray(a)
-        if arr.dtype.kind not in "biuf":  # complex (a cast would drop the imaginary part), strings, objects
-            raise TypeError
-        arr = arr.astype(np.float64)
-    except (TypeError, ValueError):  # ragged lists too
-        raise ValueError(f"`{name}` must be a 1-D array of real numbers; got {type(a).__name__}") from None
-    if arr.ndim != 1 or arr.size < 2 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"`{name}` must be 1-D, with at least two entries, all positive and finite (a log-log "
-                         f"fit); got shape {arr.shape}")
+    except (TypeError, ValueError):  # a ragged list and the like
+        arr = np.asarray(None)
+    if arr.dtype.kind not in "biuf":  # complex (a cast would drop the imaginary part), strings, objects
+        raise ValueError(f"`{name}` must be a 1-D array of real numbers; got {type(a).__name__}")
+    arr = arr.astype(np.float64)
+    if arr.ndim != 1 or arr.size < 2 or arr.size != (size or arr.size) or not np.all(np.isfinite(arr)) \
+            or np.any(arr <= 0):
+        raise ValueError(f"`{name}` must be 1-D, with at least two entries (`y` as many as `x`), all positive and "
+                         f"finite (a log-log fit); got shape {arr.shape}")
     return arr
 
 
@@ -59,9 +61,8 @@ def loglog_slope(x, y):
         ValueError: naming ``x`` or ``y``, for non-numeric, non-positive, non-finite or
             mismatched inputs, or when every ``x`` is the same (no slope to fit).
     """
-    x, y = _positive_1d(x, "x"), _positive_1d(y, "y")
-    if x.shape != y.shape:
-        raise ValueError(f"`x` and `y` must have the same length; got {x.size} and {y.size}")
+    x = _positive_1d(x, "x")
+    y = _positive_1d(y, "y", x.size)
     lx = np.log(x)
     if np.ptp(lx) == 0:
         raise ValueError("`x` must hold at least two distinct values to fit a slope")

@@ -52,7 +52,7 @@ def gauss_hermite(*, n_nodes: int, dim: int = 1, dtype=None):
     """
     n_nodes = C.scalar(n_nodes, "n_nodes", low=1, high=_MAX_NODES, strict=False, integer=True)
     dim = C.scalar(dim, "dim", low=0, integer=True)
-    dtype = C.check_float_dtype(dtype, "dtype")
+    dtype = C.check_float_dtype(dtype)
     if n_nodes**dim > 10**7:
         raise ValueError(f"`n_nodes` ** `dim` = {n_nodes}**{dim} points is too many (at most 1e7)")
     x, w = np.polynomial.hermite_e.hermegauss(n_nodes)
@@ -71,16 +71,14 @@ _MAX_NODES = 256
 def _check_projection(mixture, projection):
     if projection is None:
         return jnp.eye(mixture.dim, dtype=mixture.dtype)
-    return C.array(projection, "projection", (None, mixture.dim), dtype=mixture.dtype,
-                   desc=f"(k, D) with D = {mixture.dim}", min_rows=1)
+    return C.array(projection, "projection", ("k", "D"), dims={"D": mixture.dim}, dtype=mixture.dtype, min_rows=1)
 
 
 def _values(fn, points, dtype):
     """``fn(points)`` as a floating array whose leading axis indexes the points."""
     values = jnp.asarray(fn(points))
     if values.ndim == 0 or values.shape[0] != points.shape[0]:
-        raise ValueError(f"`fn` must map points of shape (N, k) = {tuple(points.shape)} to values of shape "
-                         f"(N, ...) with N = {points.shape[0]}; got shape {tuple(values.shape)}")
+        raise ValueError(f"`fn` must map points (N, k) = {tuple(points.shape)} to values (N, ...); got {values.shape}")
     if not jnp.issubdtype(values.dtype, jnp.floating):  # indicators, counts: averaged as floats
         values = values.astype(dtype)
     return values

@@ -71,17 +71,13 @@ def sweep(fn: Callable, *, seeds, lengths=None, inputs=(), devices=None):
     if not callable(fn):
         raise ValueError(f"`fn` must be a function; got {type(fn).__name__}")
     grid = () if lengths is None else (len(_ints(lengths, "lengths", 1, 1, 2**31)),)
-    seeds = _ints(seeds, "seeds", 1 + bool(grid), 0, 2**32)
-    if seeds.ndim == 2 and seeds.shape[0] != grid[0]:
-        raise ValueError(f"`seeds` must have shape (n_seeds,) or (n_lengths, n_seeds) with n_lengths = {grid[0]}; "
-                         f"got {seeds.shape}")
+    seeds = _ints(seeds, "seeds", 1 + bool(grid), 0, 2**32, rows=grid[0] if grid else None)
     n_seeds = seeds.shape[-1]
-    if not isinstance(inputs, (tuple, list)):
-        raise ValueError(f"`inputs` must be a tuple of pytrees of arrays; got {type(inputs).__name__}")
+    if not isinstance(inputs, (tuple, list)) or any(jnp.ndim(a) == 0 or jnp.shape(a)[0] != n_seeds
+                                                    for a in jax.tree.leaves(inputs)):
+        raise ValueError(f"`inputs` must be a tuple of pytrees of arrays with a first axis of n_seeds = {n_seeds}; "
+                         f"got a {type(inputs).__name__} of shapes {jax.tree.map(jnp.shape, inputs)}")
     inputs = jax.tree.map(jnp.asarray, tuple(inputs))
-    if any(a.ndim == 0 or a.shape[0] != n_seeds for a in jax.tree.leaves(inputs)):
-        raise ValueError(f"`inputs` must have leaves with a first axis of n_seeds = {n_seeds}; got leaves of shapes "
-                         f"{[a.shape for a in jax.tree.leaves(inputs)]}")
     devices = list(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("`devices` must be a non-empty sequence of jax devices; got none")
@@ -98,16 +94,16 @@ def sweep(fn: Callable, *, seeds, lengths=None, inputs=(), devices=None):
     return jax.tree.map(lambda a: a[:n_runs].reshape(*grid, n_seeds, *a.shape[1:]), out)
 
 
-def _ints(x, name: str, max_ndim: int, low: int, high: int) -> np.ndarray:
-    """``x`` as a non-empty numpy integer array of at most ``max_ndim`` axes, entries in [low, high)."""
+def _ints(x, name: str, max_ndim: int, low: int, high: int, rows=None) -> np.ndarray:
+    """``x`` as a non-empty numpy int array of at most ``max_ndim`` axes (two: ``rows`` rows), entries in [low, high)"""
     try:
         a = np.asarray(x)
     except ValueError:  # a ragged list
         a = np.asarray(None)
     if not (1 <= a.ndim <= max_ndim and a.size and np.issubdtype(a.dtype, np.integer)) \
-            or a.min() < low or a.max() >= high:
+            or a.min() < low or a.max() >= high or (a.ndim == 2 and a.shape[0] != rows):
         raise ValueError(f"`{name}` must be a non-empty array of ints in [{low}, {high}) with at most {max_ndim} "
-                         f"axes; got {x!r}")
+                         f"axes{f' (two: n_lengths = {rows} rows)' if max_ndim == 2 else ''}; got {x!r}")
     return a
 
 

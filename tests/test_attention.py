@@ -571,12 +571,8 @@ def test_documented_precision_bounds():
             f"book/api.md does not document {kernel} ({setting}): run tests/precision_report.py"
 
 
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_non_finite_inputs_are_named_on_either_path(backend, monkeypatch):
-    """The result is checked in host memory on a CPU and by a flag from the kernel elsewhere: both name the input."""
-    import gmlib._checks as checks
-
-    monkeypatch.setattr(checks.jax, "default_backend", lambda: backend)
+def test_non_finite_inputs_are_named():
+    """The result is checked by a flag from the compiled kernel; when it is not finite, the input is named."""
     toks, q = RNG.normal(size=(40, 2)), RNG.normal(size=(3, 2))
     U, V = np.eye(2), np.eye(2)
     np.testing.assert_allclose(softmax_attention(toks, q, U, V), numpy_softmax_attention(q, toks, U, V), rtol=1e-12)

@@ -303,7 +303,7 @@ def test_mixture_rejects_invalid(mix, data):
 
 def test_means_of_the_wrong_dimension_are_named():
     """Means in 2-D with covariances in 3-D: the message names `means` (it used to name only `covs`)."""
-    with pytest.raises(ValueError, match=r"`means` must have shape \(M, D\) = \(2, 3\) \(D from `covs`\)"):
+    with pytest.raises(ValueError, match=r"`means` must have shape \(M, D\) with M = 2, D = 3; got \(2, 2\)"):
         GaussianMixture([0.5, 0.5], np.zeros((2, 2)), np.stack([np.eye(3)] * 2))
 
 

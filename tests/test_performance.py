@@ -200,9 +200,6 @@ def test_validation_count_walks_packages(tmp_path):
     assert bench_api.library_share(shares) == 2 / 3
 
 
-@pytest.mark.xfail(strict=False, reason="gmlib 1.0 in progress: the validation of heads, lda, denoise and mixture "
-                                         "is being shrunk on other branches; the lead removes this mark once the "
-                                         "merged library meets the goal")
 def test_validation_share_of_gmlib_is_at_most_20_percent():
     """Validation (_checks.py included) is at most 20 % of gmlib's statement lines (benchmarks/bench_api.py)."""
     shares = bench_api.validation_shares()

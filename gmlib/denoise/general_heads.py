@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
+from gmlib._dtypes import is_concrete
 from gmlib._pytree import unchecked
 from gmlib.denoise.problem import DenoisingProblem, _tol
 from gmlib.heads import Heads
@@ -82,7 +83,7 @@ def _plan(problem, constant_token: bool, n_heads=None):
     general position (r = min(M - 1, d)) and trusts the offsets.
     """
     m, d = problem.n_components, problem.dim
-    concrete = C.is_concrete(problem.means) and C.is_concrete(problem.S)
+    concrete = is_concrete(problem.means) and is_concrete(problem.S)
     if not concrete:
         r = min(m - 1, d)
         need = 1 if r == 0 else -(-d // (d - r)) if r < d else 1
@@ -362,15 +363,13 @@ def fewer_heads(problem: DenoisingProblem) -> Heads:
     if why is not None and "offsets" in why:
         raise ValueError(f"no Bayes-gated heads for `problem`: {why}")
     if d < 2 or r != d - 1:
-        raise ValueError(f"`problem` must have means spanning an affine hyperplane (r = d - 1 = {d - 1}) with "
-                         f"d >= 2 for fewer_heads; got r = {r}, d = {d}")
+        raise ValueError(f"`problem` must have means on an affine hyperplane (r = d - 1 >= 1); got r = {r}, d = {d}")
     m, x2 = np.asarray(problem.means, np.float64), float(problem.xi) ** 2
     S, cov = np.asarray(problem.S, np.float64), np.asarray(problem.covariance, np.float64)
     shift = cov - x2 * np.eye(d)  # Gamma - xi^2 I
     low = np.abs(np.linalg.eigvalsh(shift)).min()
     if low <= _tol(problem.dtype) * max(1.0, np.abs(S).max()):
-        raise ValueError("`problem` must have Gamma - xi^2 I invertible for fewer_heads (R = (Gamma - xi^2 I) "
-                         f"S^-1 invertible); its smallest eigenvalue is {low:.3g} in absolute value")
+        raise ValueError(f"`problem` must have Gamma - xi^2 I invertible; got smallest |eigenvalue| {low:.3g}")
     q = np.linalg.svd(m[:-1] - m[-1])[2][-1]  # the unit normal of the means' affine span
     gain = np.linalg.solve(shift, cov)
     condition = q @ S @ gain @ q

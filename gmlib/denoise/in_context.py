@@ -20,6 +20,7 @@ import numpy as np
 
 from gmlib import _checks as C
 from gmlib import _random
+from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked
 from gmlib.denoise.problem import DenoisingProblem
 from gmlib.heads import Batch, Heads, apply_heads
@@ -84,7 +85,7 @@ def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
     """
     dim = C.scalar(dim, "dim", low=0, integer=True)
     temperature = C.scalar(temperature, "temperature", low=0)
-    dtype = C.common_float_dtype(gamma, xi)
+    dtype = common_float_dtype(gamma, xi)
     gamma = C.scalar(gamma, "gamma", low=0, strict=False)
     xi = C.scalar(xi, "xi", low=0)
     s = gamma**2 + xi**2
@@ -198,7 +199,7 @@ def task_sampler(gamma, xi, dim: int, *, radius=3.0, weight_range=(0.2, 0.8), n_
     xi = C.scalar(xi, "xi", low=0)
     radius = C.scalar(radius, "radius", low=0)
     dtype = C.check_float_dtype(dtype)
-    wr = C.array(weight_range, "weight_range", (2,), dtype=np.float64, desc="(2,) (low, high)")
+    wr = C.array(weight_range, "weight_range", (2,), dtype=np.float64)
     lo, hi = (float(v) for v in np.asarray(wr))
     if not 0 < lo <= hi < 1:
         raise ValueError(f"`weight_range` must satisfy 0 < low <= high < 1; got {weight_range}")

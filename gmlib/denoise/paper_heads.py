@@ -38,21 +38,19 @@ def _unit_orthogonal(basis):
 
 def _check_pair(problem, what: str, need_dim2: bool = True, general: bool = False):
     """Two components (and d >= 2); unless ``general``, isotropic and of equal norm: what the head constructions need."""
-    if problem.n_components != 2:
-        raise ValueError(f"`problem` must have M = 2 components for {what}; got M = {problem.n_components}")
-    if need_dim2 and problem.dim < 2:
-        raise ValueError(f"`problem` must have dimension d >= 2 for {what}; got d = {problem.dim}")
+    if problem.n_components != 2 or (need_dim2 and problem.dim < 2):
+        raise ValueError(f"`problem` must have M = 2 components{' and dimension d >= 2' * need_dim2} for {what} "
+                         f"(more: multi_head_bayes); got M = {problem.n_components}, d = {problem.dim}")
     if not general and not problem.isotropic:
         raise ValueError(f"`problem` must be isotropic (given `gamma`) for {what}; for a full covariance use "
                          "two_head_bayes, multi_head_bayes or skip_head_bayes")
     if not general and C.is_concrete(problem.means):
         r1, r2 = np.linalg.norm(np.asarray(problem.means, dtype=np.float64), axis=-1)
         if abs(r1 - r2) > _tol(problem.dtype) * max(r1, r2, 1.0):
-            raise ValueError(
-                f"`means` must have equal norms for {what} (the offsets -||m_k||^2/(2s) of the "
-                f"posterior cannot come from dot-product scores); got ||m_1|| = {r1:.6g}, ||m_2|| = {r2:.6g}. "
-                "Tokens with a constant coordinate produce them: two_head_bayes(problem, constant_token=True)"
-            )
+            raise ValueError(f"`means` must have equal norms for {what} (the offsets -||m_k||^2/(2s) of the "
+                             f"posterior cannot come from dot-product scores); got ||m_1|| = {r1:.6g}, ||m_2|| = "
+                             f"{r2:.6g}. Tokens with a constant coordinate produce them: two_head_bayes(problem, "
+                             "constant_token=True)")
 
 
 def two_head_bayes(problem: DenoisingProblem, *, constant_token: bool = False) -> Heads:
@@ -117,8 +115,7 @@ def two_head_bayes(problem: DenoisingProblem, *, constant_token: bool = False) -
         >>> gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]  # too
     """
     general = bool(constant_token) or not problem.isotropic  # multi_head_bayes's construction, two heads
-    _check_pair(problem, "the two-head construction" + (" (multi_head_bayes handles more)" if general else ""),
-                general=general)
+    _check_pair(problem, "the two-head construction", general=general)
     if general:
         return multi_head_bayes(problem, constant_token=bool(constant_token), n_heads=2)
     return _two_heads(problem)
@@ -213,16 +210,12 @@ def single_head_bayes(problem: DenoisingProblem) -> Heads:
                 raise ValueError("`problem` needs d >= 2 for a single head at gamma = 0: in d = 1 the head's "
                                  "linear part s V U z cannot vanish while V keeps the means")
             if problem.dim == 2 and not collinear:
-                raise ValueError(
-                    "no single head realizes the Bayes denoiser of `problem`: gamma = 0 with linearly "
-                    "independent means in d = 2 (Prop C.3); use two_head_bayes"
-                )
+                raise ValueError("no single head realizes the Bayes denoiser of `problem`: gamma = 0 with linearly "
+                                 "independent means in d = 2 (Prop C.3); use two_head_bayes")
         elif abs(g - x) > tol * x:
-            raise ValueError(
-                f"no single head realizes the Bayes denoiser of `problem`: gamma^2 != xi^2 (gamma = {g:.6g}, "
-                f"xi = {x:.6g}) and one value matrix cannot weigh the query by gamma^2/s and the barycenter "
-                "by xi^2/s (Prop C.4); use two_head_bayes"
-            )
+            raise ValueError(f"no single head realizes the Bayes denoiser of `problem`: gamma^2 != xi^2 (gamma = "
+                             f"{g:.6g}, xi = {x:.6g}) and one value matrix cannot weigh the query by gamma^2/s and "
+                             "the barycenter by xi^2/s (Prop C.4); use two_head_bayes")
     return _single_head(problem)
 
 

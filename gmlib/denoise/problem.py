@@ -20,6 +20,7 @@ import numpy as np
 
 from gmlib import _checks as C
 from gmlib import _random
+from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked, validated_pytree
 from gmlib.mixture import GaussianMixture, psd_sqrt
 from gmlib.quadrature import _trapezoid, gauss_hermite, mixture_expectation, monte_carlo_expectation
@@ -36,7 +37,7 @@ _DEFAULT_NODES = {1: 200, 2: 80, 3: 40}
 def _dtype_of(*args):
     """The widest floating dtype among the arguments that carry a dtype (Python scalars follow)."""
     typed = [a for a in args if hasattr(a, "dtype")]
-    return C.common_float_dtype(*typed) if typed else C.common_float_dtype()
+    return common_float_dtype(*typed) if typed else common_float_dtype()
 
 
 def _tol(dtype):
@@ -91,21 +92,17 @@ class DenoisingProblem:
 
     def __init__(self, weights, means, gamma=None, xi=None, *, cov=None):
         if (gamma is None) == (cov is None):
-            raise ValueError("exactly one of `gamma` (Gamma = gamma^2 I) and `cov` (a (d, d) matrix) must be "
-                             f"given; got {'both' if gamma is not None else 'neither'}")
+            raise ValueError(f"give exactly one of `gamma` and `cov`; got {('neither', 'both')[cov is not None]}")
         dtype = _dtype_of(weights, means, xi, gamma if cov is None else cov)
         weights = C.array(weights, "weights", ("M",), dtype=dtype)
         m = weights.shape[0]
         means = C.array(means, "means", ("M", "d"), dims={"M": m}, dtype=dtype)
         d = means.shape[1]
-        xi = C.array(xi, "xi", (), dtype=dtype, desc="() (a scalar)", low=0,
-                     why=" (no noise, nothing to denoise)")
+        xi = C.array(xi, "xi", (), dtype=dtype, low=0)
         if cov is None:
-            gamma = C.array(gamma, "gamma", (), dtype=dtype, desc="() (a scalar)", low=0, strict=False,
-                            why=" (a standard deviation)")
+            gamma = C.array(gamma, "gamma", (), dtype=dtype, low=0, strict=False)
         else:
-            cov = C.array(cov, "cov", ("d", "d"), dims={"d": d}, dtype=dtype)
-            C.check_psd(cov, "cov")
+            cov = C.array(cov, "cov", ("d", "d"), dims={"d": d}, dtype=dtype, psd=True)
         C.check_weights(weights, positive=True)  # every component present
         if C.is_concrete(means) and len(np.unique(np.asarray(means), axis=0)) < m:
             raise ValueError(f"`means` must be pairwise distinct; got equal rows in {np.asarray(means)}")
@@ -140,8 +137,7 @@ class DenoisingProblem:
     def s(self):
         r""":math:`s = \gamma^2 + \xi^2`, the variance of each noisy component (:math:`S = s I_d`); isotropic problems only."""
         if self.cov is not None:
-            raise ValueError("`s` is defined for an isotropic problem (given `gamma`); this one has a full "
-                             "covariance `cov`: use `S`")
+            raise ValueError("`s` needs an isotropic problem (given `gamma`); this one has a full `cov`: use `S`")
         return self.gamma**2 + self.xi**2
 
     @property
@@ -171,7 +167,7 @@ class DenoisingProblem:
         return self._mixture(self.S)
 
     def _queries(self, z, name="z"):
-        dtype = C.common_float_dtype(self.means, z)
+        dtype = common_float_dtype(self.means, z)
         prob = self if dtype == self.dtype else self.astype(dtype)
         z = C.array(z, name, ("n", "d"), dims={"d": self.dim}, dtype=dtype)
         return prob, z

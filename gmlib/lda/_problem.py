@@ -11,6 +11,7 @@ import numpy as np
 
 from gmlib import _checks as C
 from gmlib import _random
+from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked, validated_pytree
 from gmlib.heads import Batch
 from gmlib.mixture import GaussianMixture
@@ -49,13 +50,12 @@ class LDAProblem:
     p_pos: jax.Array
 
     def __init__(self, mean_pos, mean_neg, cov, p_pos):
-        dtype = C.common_float_dtype(mean_pos, mean_neg, cov, p_pos)
+        dtype = common_float_dtype(mean_pos, mean_neg, cov, p_pos)
         mean_pos = C.array(mean_pos, "mean_pos", ("d",), dtype=dtype)
         dims = {"d": mean_pos.shape[0]}
         mean_neg = C.array(mean_neg, "mean_neg", ("d",), dims=dims, dtype=dtype)
-        cov = C.array(cov, "cov", ("d", "d"), dims=dims, dtype=dtype)
+        cov = C.array(cov, "cov", ("d", "d"), dims=dims, dtype=dtype, psd="definite")
         p_pos = C.array(p_pos, "p_pos", (), dtype=dtype, low=0, high=1)
-        C.check_psd(cov, "cov", definite=True)
         for name, val in (("mean_pos", mean_pos), ("mean_neg", mean_neg), ("cov", cov), ("p_pos", p_pos)):
             object.__setattr__(self, name, val)
 
@@ -96,7 +96,7 @@ class LDAProblem:
         Raises:
             ValueError: naming ``x``, for a wrong shape or non-finite values.
         """
-        x = _check_points(self, x)
+        x = C.array(x, "x", ("n", "d"), dims={"d": self.dim}, dtype=self.dtype)
         w, b = self.bayes_params()
         return x @ w + b
 
@@ -162,10 +162,6 @@ def _sample(problem, key, n):
     eps = _random.normal(k_x, (n, problem.dim), problem.dtype)
     means = jnp.where(y[:, None] > 0, problem.mean_pos[None, :], problem.mean_neg[None, :])
     return means + eps @ jnp.linalg.cholesky(problem.cov).T, y
-
-
-def _check_points(problem, x):
-    return C.array(x, "x", ("n", "d"), dims={"d": problem.dim}, dtype=problem.dtype)
 
 
 # ----------------------------------------------------------------------------- prompts of labelled tokens
@@ -247,7 +243,7 @@ class HeadParams:
     v22: jax.Array
 
     def __init__(self, U11, u12, v21, v22):
-        dtype = C.common_float_dtype(U11, u12, v21, v22)
+        dtype = common_float_dtype(U11, u12, v21, v22)
         for name, val in (("U11", U11), ("u12", u12), ("v21", v21), ("v22", v22)):
             object.__setattr__(self, name, C.array(val, name, dtype=dtype, finite=False))
 
@@ -279,11 +275,11 @@ def _check_theta(problem, theta, arg: str = "theta"):
     d = (theta.U11.shape or (0,))[0] if problem is None else problem.dim  # HeadParams made the leaves arrays
     for name, shape in _THETA_SHAPES:
         C.array(getattr(theta, name), f"{arg}.{name}", shape, dims={"d": d}, finite=False)
-    C.finite(**{f"{arg}.{name}": getattr(theta, name) for name, _ in _THETA_SHAPES})
+    C.check_finite(**{f"{arg}.{name}": getattr(theta, name) for name, _ in _THETA_SHAPES})
     return theta
 
 
 def _cast(problem, theta):
     """Bring problem and theta to one floating dtype (the wider), as strict promotion requires."""
-    dtype = C.common_float_dtype(problem.mean_pos, theta.U11)
+    dtype = common_float_dtype(problem.mean_pos, theta.U11)
     return problem.astype(dtype), theta.astype(dtype)

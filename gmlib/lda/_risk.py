@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from gmlib import _checks as C
+from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked
 from gmlib.heads import Heads
-from gmlib.lda._problem import HeadParams, _cast, _check_points, _check_theta
+from gmlib.lda._problem import HeadParams, _cast, _check_theta
 from gmlib.quadrature import _gated_expectation
 
 #: The default number of quadrature points of :func:`risk` along the gate's direction.
@@ -110,7 +111,7 @@ def predict(problem, theta, x):
         >>> predict(c1, bayes_head(c1, "theta1"), x)  # equals c1.bayes(x)
     """
     problem, theta = _cast(problem, _check_theta(problem, theta))
-    x = _check_points(problem, x)
+    x = C.array(x, "x", ("n", "d"), dims={"d": problem.dim}, dtype=problem.dtype)
     return _predict(problem, theta, x)
 
 
@@ -216,7 +217,7 @@ def effective_risk(problem, w, b, r, s, *, n_nodes: int = DEFAULT_NODES):
         >>> effective_risk(c1, *effective(c1, theta))  # equals risk(c1, theta)
     """
     n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
-    dtype, dims = C.common_float_dtype(problem.mean_pos, w, b, r, s), {"d": problem.dim}
+    dtype, dims = common_float_dtype(problem.mean_pos, w, b, r, s), {"d": problem.dim}
     args = [C.array(val, name, shape, dims=dims, dtype=dtype)
             for name, val, shape in (("w", w, ("d",)), ("b", b, ()), ("r", r, ()), ("s", s, ("d",)))]
     return _effective_risk_jit(problem.astype(dtype), *args, n_nodes)
@@ -295,10 +296,8 @@ def bayes_head(problem, family: str = "theta1") -> HeadParams:
     if family == "theta1":
         v21 = bias_direction(0.5 * (m1 + m0), b_star)
         if v21 is None:
-            raise ValueError(
-                "`problem` has no point of Theta1: with m_1 = -m_{-1} the head's bias is zero when r = 0, "
-                f"but b* = {b_star:.6g} != 0 (p_pos != 1/2)"
-            )
+            raise ValueError("`problem` has no point of Theta1: with m_1 = -m_{-1} the head's bias is zero when "
+                             f"r = 0, but b* = {b_star:.6g} != 0 (p_pos != 1/2)")
         v22 = -0.5 * (v21 @ dm)
         U11 = u11_for(v21)
         u12 = np.zeros(d)
