@@ -113,7 +113,7 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
     one compiled ``lax.scan`` per chunk of ``chunk_records`` records, between which a
     tqdm bar advances when ``progress`` is true.
 
-    Arrays held by ``loss``, ``sample`` and ``metric`` as a :class:`jax.tree_util.Partial`
+    Arrays held by ``loss``, ``sample`` and ``metric`` as a ``jax.tree_util.Partial``
     (``Partial(fn, problem)``) are passed to the compiled program as data, so calls that
     differ only in those arrays share one compilation; anything else they close over is
     part of the program (a new function object compiles anew). ``optimize`` can itself run

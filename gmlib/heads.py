@@ -15,9 +15,9 @@ or, without an output map, to the sum :math:`\sum_h \big(r\,z + T_{U_h,V_h}[\mu]
 the heads (multi-head attention as the paper writes it, its §2). :math:`T` is softmax
 attention (eq 1 of the paper) or linear attention, on a finite prompt (the empirical
 measure :math:`\mu_L` of L tokens) or on an infinite one (a Gaussian mixture: the closed
-form of Prop 2.1). :class:`Heads` holds the parameters, :func:`apply_heads` evaluates them,
-:func:`init_heads` draws random ones. Every construction of :mod:`gmlib.denoise` and
-:mod:`gmlib.lda` returns a :class:`Heads`.
+form of Prop 2.1). :class:`Heads` holds the parameters, :func:`~gmlib.apply_heads` evaluates them,
+:func:`~gmlib.init_heads` draws random ones. Every construction of ``gmlib.denoise`` and
+``gmlib.lda`` returns a :class:`Heads`.
 """
 
 from __future__ import annotations

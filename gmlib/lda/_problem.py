@@ -125,7 +125,7 @@ class LDAProblem:
 
     @property
     def prompt(self) -> GaussianMixture:
-        r"""The infinite prompt: the law of the tokens :math:`(X, Y) \in \mathbb R^{d+1}`, a :class:`~gmlib.GaussianMixture`.
+        r"""The infinite prompt, the law of the tokens :math:`(X, Y) \in \mathbb R^{d+1}`, a :class:`~gmlib.GaussianMixture`.
 
         Component 0 is the class :math:`+1` (weight :math:`\pi_+`, mean :math:`(m_1, 1)`),
         component 1 the class :math:`-1` (weight :math:`1-\pi_+`, mean :math:`(m_{-1}, -1)`);

@@ -159,7 +159,7 @@ def risk(problem, theta, *, n_nodes: int = DEFAULT_NODES):
     points graded at the gate's step, and, given :math:`y_2`, the Gaussian
     :math:`y_1` on ``n_nodes // 2`` points graded at the softplus's kink (midpoint rules
     under a sinh-type change of variables, exponentially convergent whatever the
-    steepness; the rule lives at the end of :mod:`gmlib.quadrature`). Derivatives (``jax.grad``, ``jax.hessian``, any order) come from Stein's
+    steepness; the rule lives at the end of ``gmlib.quadrature``). Derivatives (``jax.grad``, ``jax.hessian``, any order) come from Stein's
     identity, not from the rule, so they are smooth and exact up to quadrature error
     also where :math:`A\Gamma A^\top` is singular: at :math:`\theta = 0`, on
     :math:`\Theta_2` (:math:`s = 0`) and where :math:`s \parallel w`.
