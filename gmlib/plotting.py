@@ -1,33 +1,58 @@
-"""One figure style for the whole book, and the small fits that go with its plots.
+"""One figure style for the whole book, its rules, and the small fits that go with its plots.
 
-Nothing here changes matplotlib's global state: a notebook opts in with
-``plt.rcParams.update(gmlib.plotting.STYLE)`` (or ``plt.style.context(STYLE)``).
+The rules of a figure on the page: drawn at the width of the text column
+(:data:`COLUMN_WIDTH`), so that it is shown at its own size, never shrunk; every text
+at least :data:`MIN_FONT_PT` points; legends beside or below the axes, never on the data
+(:func:`legend`); rendered as a PNG at twice the displayed size (``retina``: at least
+1200 px wide), sharp on any screen. :func:`check_figure` says which rule a figure breaks.
+
+Nothing here changes matplotlib's or IPython's global state: a notebook opts in with
+``plt.rcParams.update(gmlib.plotting.STYLE)`` (or ``plt.style.context(STYLE)``) and
+``%config InlineBackend.figure_formats = ["retina"]``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PALETTE", "STYLE", "glue", "loglog_slope"]
+__all__ = ["COLUMN_WIDTH", "MIN_FONT_PT", "PALETTE", "STYLE", "Table", "check_figure", "figure_problems",
+           "glue", "legend", "loglog_slope"]
 
 #: Okabe–Ito colour-blind-safe palette, in the order the book uses it.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 
-#: matplotlib rc settings of the book's figures.
+#: Width of the book's text column in inches at the figures' 100 dpi (an inch is 100 CSS px):
+#: a figure this wide is shown at its own size at every window width from 1000 px up.
+COLUMN_WIDTH = 7.0
+
+#: The smallest font size, in points at the displayed size, of any text in a figure.
+MIN_FONT_PT = 9.0
+
+#: matplotlib rc settings of the book's figures: column width, fonts from 9.5 pt, a white
+#: background (readable in dark mode), constrained layout (room for legends outside the axes).
 STYLE = {
-    "figure.figsize": (6.4, 4.0),
+    "figure.figsize": (COLUMN_WIDTH, 3.6),
     "figure.dpi": 100,
-    "savefig.dpi": 150,
+    "savefig.dpi": 200,
+    "figure.facecolor": "white",
+    "savefig.facecolor": "white",
+    "figure.constrained_layout.use": True,
     "axes.prop_cycle": __import__("cycler").cycler(color=list(PALETTE)),
     "axes.grid": True,
     "grid.alpha": 0.3,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "axes.titlesize": 11,
+    "font.size": 10,
+    "axes.titlesize": 10.5,
     "axes.labelsize": 10,
-    "legend.fontsize": 9,
+    "xtick.labelsize": 9.5,
+    "ytick.labelsize": 9.5,
+    "legend.fontsize": 9.5,
+    "legend.title_fontsize": 9.5,
+    "figure.titlesize": 11,
     "legend.frameon": False,
     "lines.linewidth": 1.8,
+    "lines.markersize": 5,
     "image.cmap": "viridis",
 }
 
@@ -100,3 +125,101 @@ def glue(name: str, value):
     metadata["scrapbook"] = dict(name=name, mime_prefix=_GLUE_PREFIX)
     display({_GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
     return value
+
+
+def legend(fig, *, where: str = "below", ncol: int | None = None, **kwargs):
+    """One legend for every labelled artist of ``fig``, outside the axes.
+
+    Labels repeated across panels are listed once. ``where="below"`` puts it under the
+    panels, in ``ncol`` columns (default: all entries on as few rows as fit, at most 4 a
+    row); ``where="right"`` beside them, in one column. Further keyword arguments go to
+    ``fig.legend``. Returns the legend (``None`` when nothing is labelled).
+    """
+    if where not in ("below", "right"):
+        raise ValueError(f"`where` must be 'below' or 'right'; got {where!r}")
+    entries = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if not entries:
+        return None
+    if where == "below":
+        ncol = ncol or min(len(entries), 4)
+        loc = "outside lower center"
+    else:
+        ncol = ncol or 1
+        loc = "outside right upper"
+    return fig.legend(list(entries.values()), list(entries), loc=loc, ncol=ncol, **kwargs)
+
+
+def figure_problems(fig) -> list[str]:
+    """The rules of the book's figures that ``fig`` breaks, in words (empty when it keeps them all).
+
+    The rules: ``fig`` is between 0.85 and 1 column wide (:data:`COLUMN_WIDTH`: shown at its
+    own size, and at least 1200 px wide as a retina PNG); every visible text is at least
+    :data:`MIN_FONT_PT` points; no legend overlaps the data area of any axes.
+    """
+    from matplotlib.text import Text
+
+    width = fig.get_figwidth()
+    problems = []
+    if not 0.85 * COLUMN_WIDTH <= width <= COLUMN_WIDTH + 1e-9:
+        problems.append(f"it is {width:.2f} in wide, not between {0.85 * COLUMN_WIDTH:.2f} and {COLUMN_WIDTH} "
+                        "(the column)")
+    fig.canvas.draw()  # lays out ticks, labels and legends
+    small = sorted({f"{t.get_text()!r} ({t.get_fontsize():.1f} pt)" for t in fig.findobj(Text)
+                    if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_PT - 1e-9})
+    if small:
+        problems.append(f"texts under {MIN_FONT_PT} pt: {', '.join(small[:5])}")
+    renderer = fig.canvas.get_renderer()
+    legends = [leg for leg in (*fig.legends, *(ax.get_legend() for ax in fig.axes)) if leg and leg.get_visible()]
+    data_areas = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    if any(leg.get_window_extent(renderer).overlaps(area) for leg in legends for area in data_areas):
+        problems.append("a legend lies on the data (use gmlib.plotting.legend, or place it beside the axes)")
+    return problems
+
+
+def check_figure(fig) -> None:
+    """Raise ``ValueError`` naming every rule of :func:`figure_problems` that ``fig`` breaks."""
+    if problems := figure_problems(fig):
+        raise ValueError("`fig` breaks the book's figure rules: " + "; ".join(problems))
+
+
+class Table:
+    """A table of results shown as HTML in a notebook (plain text elsewhere).
+
+    Args:
+        columns: the column headers.
+        rows: one sequence per row, as many entries as ``columns``. Real numbers are
+            shown rounded to ``digits`` significant digits, other entries as ``str``.
+        digits: significant digits of the numbers.
+
+    Example:
+        >>> Table(["L", "excess"], [(16, 0.0123456), (64, 0.00234)])
+    """
+
+    def __init__(self, columns, rows, *, digits: int = 3):
+        self.columns = [str(c) for c in columns]
+        self.rows = [list(r) for r in rows]
+        if any(len(r) != len(self.columns) for r in self.rows):
+            raise ValueError(f"every row of `rows` must have {len(self.columns)} entries, one per column")
+        self.digits = digits
+
+    def _cell(self, value) -> str:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+            return str(value)
+        if isinstance(value, (int, np.integer)):
+            return f"{int(value):,}"
+        return f"{float(value):.{self.digits}g}"
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        head = "".join(f"<th>{escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{escape(self._cell(v))}</td>" for v in r) + "</tr>" for r in self.rows)
+        return f'<table class="gmlib-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+    def __repr__(self) -> str:
+        cells = [self.columns, *([self._cell(v) for v in r] for r in self.rows)]
+        widths = [max(len(row[j]) for row in cells) for j in range(len(self.columns))]
+        return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)

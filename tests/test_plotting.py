@@ -79,3 +79,69 @@ def test_style_is_a_plain_dict_of_rc_settings():
     import matplotlib
 
     assert set(plotting.STYLE) <= set(matplotlib.rcParams) and len(plotting.PALETTE) == 8
+    sizes = [v for k, v in plotting.STYLE.items() if k.endswith("size") and k not in ("lines.markersize", "figure.figsize")]
+    assert sizes and min(sizes) >= plotting.MIN_FONT_PT
+    assert plotting.STYLE["figure.figsize"][0] == plotting.COLUMN_WIDTH
+
+
+@pytest.fixture
+def styled():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with plt.style.context(plotting.STYLE):
+        yield plt
+    plt.close("all")
+
+
+def test_a_figure_in_the_style_with_a_shared_legend_passes(styled):
+    fig, axes = styled.subplots(1, 2)
+    for ax in axes:
+        ax.plot([1, 2, 3], [1, 4, 9], label="squares")
+        ax.plot([1, 2, 3], [2, 3, 4], label="line")
+    leg = plotting.legend(fig)
+    assert [t.get_text() for t in leg.get_texts()] == ["squares", "line"]  # once each, not once per panel
+    assert plotting.figure_problems(fig) == []
+    plotting.check_figure(fig)
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=2 * fig.dpi, bbox_inches="tight")  # what the retina inline backend does
+    assert Image.open(buf).size[0] >= 1200
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("wide", "wide"), ("narrow", "wide"), ("small font", "under 9"), ("legend on data", "legend lies on the data"),
+])
+def test_check_figure_names_each_broken_rule(styled, breakage, message):
+    width = {"wide": 10.0, "narrow": 4.0}.get(breakage, plotting.COLUMN_WIDTH)
+    fig, ax = styled.subplots(figsize=(width, 3))
+    ax.plot([0, 1, 2], [0, 1, 0], label="tent")
+    if breakage == "small font":
+        ax.set_title("a title", fontsize=8)
+    if breakage == "legend on data":
+        ax.legend(loc="center")
+    else:
+        plotting.legend(fig, where="right")
+    with pytest.raises(ValueError, match=f"`fig`.*{message}"):
+        plotting.check_figure(fig)
+
+
+def test_legend_refuses_an_unknown_place(styled):
+    fig, ax = styled.subplots()
+    with pytest.raises(ValueError, match="`where`"):
+        plotting.legend(fig, where="inside")
+    assert plotting.legend(fig) is None  # nothing labelled
+
+
+def test_table_rounds_numbers_and_escapes_text():
+    table = plotting.Table(["L", "excess <risk>"], [(16, 0.0123456), (1024, 2.5e-5)], digits=2)
+    html = table._repr_html_()
+    assert "<td>0.012</td>" in html and "<td>1,024</td>" in html and "<td>2.5e-05</td>" in html
+    assert "excess &lt;risk&gt;" in html and "0.0123456" not in repr(table)
+    with pytest.raises(ValueError, match="`rows`"):
+        plotting.Table(["a", "b"], [(1, 2), (3,)])
