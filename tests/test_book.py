@@ -156,6 +156,79 @@ def test_prose_quotes_glued_numbers(nb):
     assert quoted <= names, f"{nb.name}: quotes {sorted(quoted - names)} but never glues them"
 
 
+MAX_OPEN_CELL = 30  # lines of a code cell shown open on the page
+_FOLDED = {"hide-input", "hide-cell", "remove-cell", "remove-input"}
+
+
+def open_cells_over(nb, limit=MAX_OPEN_CELL):
+    """``(index, lines)`` of the code cells shown open with more than ``limit`` lines.
+
+    A cell is folded when tagged hide-input/hide-cell/remove-*, or when it sits inside a gated
+    dropdown solution (between ``solution-start`` and ``solution-end``)."""
+    out, in_solution = [], False
+    for i, c in enumerate(jupytext.read(nb).cells):
+        if c.cell_type == "markdown":
+            starts, ends = c.source.rfind("{solution-start}"), c.source.rfind("{solution-end}")
+            in_solution = starts > ends if starts != -1 or ends != -1 else in_solution
+        elif not in_solution and not _FOLDED & set(c.metadata.get("tags", [])):
+            n = len(c.source.strip().splitlines())
+            if n > limit:
+                out.append((i, n))
+    return out
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_code_cell_over_30_lines_is_shown_open(nb):
+    """Plumbing goes into gmlib, presentation into a hide-input cell: the page shows short cells."""
+    long = open_cells_over(nb)
+    assert not long, f"{nb.name}: code cells (index, lines) {long} are shown open with over {MAX_OPEN_CELL} lines"
+
+
+def test_the_open_cell_check_can_fail(tmp_path):
+    body = "\n".join(f"x{i} = {i}" for i in range(31))
+    src = (BOOK / "template.md").read_text().replace("## Exercises", f"## Long\n\nA long cell.\n\n```{{code-cell}} ipython3\n{body}\n```\n\n## Exercises", 1)
+    (tmp_path / "t.md").write_text(src)
+    assert [n for _, n in open_cells_over(tmp_path / "t.md")] == [31]
+    assert open_cells_over(tmp_path / "t.md", limit=31) == []
+
+
+def chapter_sections(nb):
+    """The chapter's markdown outside code cells, split at its level-2 headings: ``[(title, text)]``."""
+    text = "\n\n".join(c.source for c in jupytext.read(nb.with_suffix(".md")).cells if c.cell_type == "markdown")
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return [("", parts[0])] + list(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_chapter_opens_with_its_question(nb):
+    """The first paragraph under the title starts "**The question.**" and asks it."""
+    intro = chapter_sections(nb)[0][1]
+    after_title = re.split(r"^# .+$", intro, maxsplit=1, flags=re.M)[-1].strip()
+    first = after_title.split("\n\n")[0]
+    assert first.startswith("**The question.**") and "?" in first, (
+        f"{nb.name}: the first paragraph after the title must start with **The question.** and ask it; got {first[:80]!r}")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_chapter_ends_with_what_was_learned(nb):
+    """A "What we learned" section closes the chapter (before its exercises), its numbers glued."""
+    titles = [t for t, _ in chapter_sections(nb)[1:]]
+    assert titles[-2:] == ["What we learned", "Exercises"], (
+        f"{nb.name}: the last sections must be 'What we learned' then 'Exercises'; got {titles[-2:]}")
+    summary = dict(chapter_sections(nb))["What we learned"]
+    if nb.name != "template.ipynb":
+        assert "{glue:text}" in summary, f"{nb.name}: the summary quotes no glued number"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_figure_keeps_the_figure_rules(nb):
+    """A cell that draws a figure checks it (gmlib.plotting.check_figure), and the set-up cell asks for retina PNGs."""
+    code = [c.source for c in jupytext.read(nb).cells if c.cell_type == "code"]
+    unchecked = [i for i, src in enumerate(code) if _MAKES_FIGURE.search(src) and "check_figure(" not in src]
+    assert not unchecked, f"{nb.name}: code cells {unchecked} draw a figure and never call plotting.check_figure"
+    assert 'set_matplotlib_formats("retina")' in code[1], f"{nb.name}: the set-up cell asks for no retina PNGs"
+
+
 # ----------------------------------------------------------------------------- publishing metadata
 
 
