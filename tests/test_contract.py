@@ -255,6 +255,10 @@ CASES: dict[str, Case] = {
         ("prompt",), ("prompt",)),
     "gmlib.denoise.task_sampler": _NO_ARRAYS,
     "gmlib.denoise.task_excess": _NO_ARRAYS,  # takes a Batch the sampler drew (inside jit)
+    "gmlib.denoise.excess_by_length": _NO_ARRAYS,  # takes a Batch, like task_excess
+    "gmlib.denoise.tempered_excess": _NO_ARRAYS,  # a Batch; temperatures checked by in_context_heads
+    "gmlib.denoise.plug_in_excess": _NO_ARRAYS,  # a Batch
+    "gmlib.denoise.train_in_context": _NO_ARRAYS,  # takes models and an optimizer
     "gmlib.denoise.iterate": Case(lambda: (denoise.iterate, dict(f=lambda z: 0.5 * z, z0=np.ones((3, 2)),
                                                                  n_steps=2)), ("z0",), ("z0",),
                             bad_shape=None),  # any shape: f decides

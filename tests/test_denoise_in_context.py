@@ -310,3 +310,68 @@ def test_task_sampler_rejects_invalid(data):
             "weight_range": OBJ(bad_range), "n_queries": INT}
     name, bad = data.draw(corrupt(args, spec))
     assert_rejects(lambda: dn.task_sampler(**bad), name)
+
+
+# ============================================================================ finite prompts (chapter 7)
+
+
+def _test_batch(gamma=1.0, xi=0.5, d=2, n_prompts=16, length=32):
+    return dn.task_sampler(gamma, xi, d, n_queries=3)(jax.random.key(7), n_prompts, length)
+
+
+def test_excess_by_length_is_task_excess_on_the_first_tokens():
+    batch = _test_batch()
+    heads = dn.in_context_heads(1.0, 0.5, 2, temperature=0.7)
+    at_L, at_inf = dn.excess_by_length(heads, batch, 1.0, 0.5, lengths=[4, 32])
+    assert at_L.shape == (2, 16) and at_inf.shape == (16,)
+    cut = batch._replace(prompt=batch.prompt[:, :4])  # the first 4 tokens, no mask
+    np.testing.assert_allclose(at_L[0], dn.task_excess(heads, cut, 1.0, 0.5), rtol=1e-10)
+    np.testing.assert_allclose(at_L[1], dn.task_excess(heads, batch, 1.0, 0.5), rtol=1e-10)
+    np.testing.assert_allclose(at_inf, dn.task_excess(heads, batch, 1.0, 0.5, infinite=True), rtol=1e-10)
+
+
+@pytest.mark.parametrize("corrected", [True, False])
+def test_tempered_excess_is_each_head_scored(corrected):
+    gamma, xi, d = 1.0, 2.0, 2
+    batch = _test_batch(gamma, xi, d)
+    temps = [0.5, 1.0, 1.5]
+    at_L, at_inf = dn.tempered_excess(batch, gamma, xi, temperatures=temps, lengths=[8, 32], corrected=corrected)
+    assert at_L.shape == (3, 2, 16) and at_inf.shape == (3, 16)
+    a = xi**2 / (gamma**2 + xi**2)
+    for t, c in enumerate(temps):
+        heads = dn.in_context_heads(gamma, xi, d, temperature=c)
+        factor = 1 + c if corrected else 2.0  # the output map (I, -a(1 + c) I) or (I, -2a I), in numpy
+        w_out = np.concatenate([np.eye(d), -a * factor * np.eye(d)], axis=1)
+        heads = gmlib.Heads(heads.U, heads.V, jnp.asarray(w_out), True)
+        want_L, want_inf = dn.excess_by_length(heads, batch, gamma, xi, lengths=[8, 32])
+        np.testing.assert_allclose(at_L[t], want_L, rtol=1e-10)
+        np.testing.assert_allclose(at_inf[t], want_inf, rtol=1e-10, atol=1e-24)
+    assert np.all(at_inf[1] < 1e-20)  # c = 1 is Prop 4.4 either way: exact on the infinite prompt
+
+
+def test_plug_in_excess_against_a_loop():
+    gamma, xi = 1.0, 0.5
+    batch = _test_batch(gamma, xi, n_prompts=4)
+    got = dn.plug_in_excess(batch, gamma, xi, length=20)
+    for b in range(4):
+        truth = dn.DenoisingProblem(batch.aux[1][b], batch.aux[0][b], gamma, xi)
+        guess = dn.estimate_task(batch.prompt[b, :20], gamma, xi)
+        q = batch.queries[b]
+        want = np.mean(np.sum((np.asarray(guess.bayes(q)) - np.asarray(truth.bayes(q))) ** 2, -1))
+        np.testing.assert_allclose(got[b], want, rtol=1e-8)
+
+
+def test_train_in_context_trains_each_model_as_alone():
+    """Side by side on the same prompts, with Adam, a model ends where it ends alone."""
+    import optax
+
+    kw = dict(optimizer=optax.adam(1e-2), lengths=[4, 8], seeds=[[0, 1], [2, 3]], init_seeds=[5, 6],
+              n_steps=20, batch_size=4, n_queries=2, n_records=2)
+    start = dn.in_context_heads(1.0, 1.0, 2)
+    both = dn.train_in_context({"soft": ("softmax", "random"), "lin": ("linear", start)}, 1.0, 1.0, 2, **kw)
+    alone = dn.train_in_context({"soft": ("softmax", "random")}, 1.0, 1.0, 2, **kw)
+    assert both.params["soft"].U.shape == (2, 2, 2, 2, 2)
+    assert both.trajectory["lin"].U.shape == (2, 2, 2, 2, 2, 2)  # (lengths, seeds, records, H, d, d)
+    assert both.params["soft"].U.dtype == jnp.float32
+    np.testing.assert_allclose(both.params["soft"].U, alone.params["soft"].U, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(both.params["lin"].U, start.U)  # the linear model trained too

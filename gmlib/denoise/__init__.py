@@ -34,7 +34,9 @@ What lives where (everything is imported here, ``gmlib.denoise.<name>``):
   :func:`affine_gap` (Prop C.6);
 - :mod:`gmlib.denoise.in_context`: in-context denoising: :func:`in_context_heads` (Prop 4.4
   and its tempered family), :func:`estimate_task` (the plug-in competitor),
-  :func:`task_sampler` and :func:`task_excess` (prompts of random tasks, for training);
+  :func:`task_sampler` and :func:`task_excess` (prompts of random tasks, for training),
+  :func:`excess_by_length`, :func:`tempered_excess`, :func:`plug_in_excess` and
+  :func:`train_in_context` (finite prompts, the book's chapter 7);
 - :mod:`gmlib.denoise.iterated`: the iterated denoiser of Prop 4.3: :func:`iterate`,
   :func:`separation`, :func:`tanh_fixed_point`.
 
@@ -51,7 +53,16 @@ from gmlib.denoise.general_heads import (
     skip_head_bayes,
     small_score_head,
 )
-from gmlib.denoise.in_context import estimate_task, in_context_heads, task_excess, task_sampler
+from gmlib.denoise.in_context import (
+    estimate_task,
+    excess_by_length,
+    in_context_heads,
+    plug_in_excess,
+    task_excess,
+    task_sampler,
+    tempered_excess,
+    train_in_context,
+)
 from gmlib.denoise.iterated import iterate, separation, tanh_fixed_point
 from gmlib.denoise.linear import (
     affine_gap,
@@ -84,6 +95,10 @@ __all__ = [
     "estimate_task",
     "task_sampler",
     "task_excess",
+    "excess_by_length",
+    "tempered_excess",
+    "plug_in_excess",
+    "train_in_context",
     "iterate",
     "separation",
     "tanh_fixed_point",

@@ -7,11 +7,15 @@ infinite prompt :math:`\mu_Z^\tau`; on a finite prompt it is ordinary softmax at
 the tokens (``gmlib.apply_heads``). Beside it: :func:`estimate_task`, the plug-in
 competitor (EM on the prompt), and the prompts of in-context training,
 :func:`task_sampler`, with :func:`task_excess`, each prompt's excess over its task's Bayes
-denoiser.
+denoiser. For finite prompts (the book's chapter 7): :func:`excess_by_length` (a layer of
+heads at several prompt lengths and at :math:`L = \infty`), :func:`tempered_excess` (the
+whole tempered family at once), :func:`plug_in_excess` and :func:`train_in_context` (layers
+of two residual heads trained side by side on the same prompts, for every length and seed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -23,9 +27,12 @@ from gmlib import _random
 from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked
 from gmlib.denoise.problem import DenoisingProblem
-from gmlib.heads import Batch, Heads, apply_heads
+from gmlib._loop import optimize
+from gmlib.heads import Batch, Heads, apply_heads, init_heads
+from gmlib.train import sweep
 
-__all__ = ["in_context_heads", "estimate_task", "task_sampler", "task_excess"]
+__all__ = ["in_context_heads", "estimate_task", "task_sampler", "task_excess", "excess_by_length", "tempered_excess",
+           "plug_in_excess", "train_in_context"]
 
 
 def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
@@ -267,3 +274,200 @@ def task_excess(heads: Heads, batch: Batch, gamma, xi, *, kind: str = "softmax",
         return jnp.mean(jnp.sum((pred - problem.bayes(queries)) ** 2, -1))
 
     return jax.vmap(one)(batch.prompt, batch.queries, means, weights)
+
+
+@partial(jax.jit, static_argnames="kind")
+def _by_length(heads, batch, gamma, xi, lengths, kind):
+    positions = jnp.arange(batch.prompt.shape[1], dtype=lengths.dtype)
+
+    def at(length):
+        return task_excess(heads, batch._replace(mask=positions < length), gamma, xi, kind=kind)
+
+    return jax.vmap(at)(lengths), task_excess(heads, batch, gamma, xi, kind=kind, infinite=True)
+
+
+def excess_by_length(heads: Heads, batch: Batch, gamma, xi, *, lengths, kind: str = "softmax"):
+    r"""Each prompt's excess at several prompt lengths and on the infinite prompt.
+
+    The prompt of length :math:`L` is the first L tokens of each prompt of ``batch`` (a
+    mask hides the others, so that one compiled program serves every length: draw the
+    test prompts once at the largest length). With :math:`e_b(L)` the value of
+    :func:`task_excess` on prompt b cut to L tokens, the mean over prompts
+    :math:`\frac1B \sum_b e_b(L)` estimates the excess risk :math:`\mathcal E_L(f)`, and
+    :math:`e_b(\infty)` (the task's noisy law as the prompt) gives :math:`\mathcal E_\infty(f)`,
+    the bias of the heads; :math:`\mathcal E_L - \mathcal E_\infty` is what a finite prompt
+    costs. Per-prompt values are returned so that two heads can be compared on the same
+    prompts with a paired standard error.
+
+    Args:
+        heads: a :class:`gmlib.Heads` on dimension d with output dimension d.
+        batch: a :class:`gmlib.Batch` of :func:`task_sampler`, prompts (B, L_max, d).
+        gamma, xi: the noise levels of the tasks (those of the sampler).
+        lengths: prompt lengths, ints in [1, L_max], shape (n_lengths,).
+        kind: ``"softmax"`` or ``"linear"``.
+
+    Returns:
+        ``(at_L, at_inf)``: arrays (n_lengths, B) and (B,), each prompt's excess.
+
+    Raises:
+        ValueError: what ``gmlib.apply_heads`` raises (naming ``kind``, ``heads``, ...).
+
+    Example:
+        >>> tests = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)(jax.random.key(0), 512, 256)
+        >>> at_L, at_inf = denoise.excess_by_length(heads, tests, 1.0, 1.0, lengths=[16, 64, 256])
+        >>> at_L.mean(-1)  # the excess risk at L = 16, 64, 256
+    """
+    return _by_length(heads, batch, gamma, xi, jnp.asarray(lengths, jnp.int32), kind)
+
+
+def tempered_excess(batch: Batch, gamma, xi, *, temperatures, lengths, corrected: bool = True):
+    r"""Each prompt's excess for every head of the tempered family, at several lengths and at L = ∞.
+
+    The heads are :func:`in_context_heads` at each temperature :math:`c` (output map
+    :math:`(I, -a(1 + c)I)`, the linear part of the Bayes denoiser kept), or with
+    ``corrected=False`` the same heads with the output map :math:`(I, -2aI)` of Prop 4.4 at
+    every c, which leaves a linear term :math:`a(c - 1)z` on the infinite prompt. Each is
+    scored by :func:`excess_by_length`, all in one compiled program.
+
+    Args:
+        batch: a :class:`gmlib.Batch` of :func:`task_sampler`, prompts (B, L_max, d).
+        gamma, xi: the noise levels of the tasks.
+        temperatures: c > 0, shape (n_temps,).
+        lengths: prompt lengths, ints in [1, L_max], shape (n_lengths,).
+        corrected: the output map :math:`(I, -a(1 + c)I)` (default) or :math:`(I, -2aI)`.
+
+    Returns:
+        ``(at_L, at_inf)``: arrays (n_temps, n_lengths, B) and (n_temps, B).
+
+    Raises:
+        ValueError: what :func:`in_context_heads` raises, naming ``temperature``.
+
+    Example:
+        >>> at_L, at_inf = denoise.tempered_excess(tests, 1.0, 1.0, temperatures=[0.3, 1.0], lengths=[16, 64])
+        >>> at_L.mean(-1)  # (2 temperatures, 2 lengths)
+    """
+    d = batch.prompt.shape[-1]
+    heads = [in_context_heads(gamma, xi, d, temperature=c) for c in np.asarray(temperatures).ravel()]
+    if not corrected:
+        a = xi**2 / (gamma**2 + xi**2)
+        w_out = heads[0].W_out.at[:, d:].set(-2 * a * jnp.eye(d, dtype=heads[0].W_out.dtype))
+        heads = [dataclasses.replace(h, W_out=w_out) for h in heads]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *heads)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    return jax.vmap(_by_length, in_axes=(0, None, None, None, None, None))(stacked, batch, gamma, xi, lengths,
+                                                                           "softmax")
+
+
+@partial(jax.jit, static_argnames="length")
+def _plug_in(batch, gamma, xi, length):
+    def one(prompt, queries, means, weights):
+        truth = DenoisingProblem(weights, means, gamma, xi)
+        guess = estimate_task(prompt[:length], gamma, xi)
+        return jnp.mean(jnp.sum((guess.bayes(queries) - truth.bayes(queries)) ** 2, -1))
+
+    return jax.vmap(one)(batch.prompt, batch.queries, *batch.aux)
+
+
+def plug_in_excess(batch: Batch, gamma, xi, *, length: int):
+    r"""Each prompt's excess of the plug-in denoiser (:func:`estimate_task`) on its first ``length`` tokens.
+
+    For prompt b, EM reads the task from :math:`z_{b,1..L}` and the Bayes formula of the
+    estimated task is compared with the true task's at the queries, as in
+    :func:`task_excess`. The plug-in is not an attention head: it is the reference for what
+    a predictor can read from L tokens.
+
+    Args:
+        batch: a :class:`gmlib.Batch` of :func:`task_sampler`, prompts (B, L_max, d).
+        gamma, xi: the noise levels of the tasks.
+        length: L, an int in [2, L_max].
+
+    Returns:
+        array (B,): each prompt's excess (mean: the excess risk; standard deviation over
+        :math:`\sqrt B`: its Monte Carlo error).
+
+    Raises:
+        ValueError: naming ``gamma`` or ``xi`` (by :class:`DenoisingProblem`).
+
+    Example:
+        >>> denoise.plug_in_excess(tests, 1.0, 1.0, length=64).mean()
+    """
+    return _plug_in(batch, gamma, xi, int(length))
+
+
+def _squared_error(heads, batch, kind):
+    def one(prompt, queries):
+        return apply_heads(heads, prompt, queries, kind=kind, mask=batch.mask)
+
+    pred = jax.vmap(one)(batch.prompt, batch.queries)
+    return jnp.mean(jnp.sum((pred - batch.targets) ** 2, -1))
+
+
+def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, init_seeds, n_steps: int,
+                     batch_size: int, n_queries: int = 1, n_records: int = 1, init_scale=0.5, dtype=jnp.float32):
+    r"""Train layers of two residual heads side by side on the same in-context denoising prompts, for every (length, seed).
+
+    The architecture is that of Prop 4.4: two residual heads and an output map, a
+    :class:`gmlib.Heads` with ``residual=True`` and ``W_out`` (d, 2d). Each model
+    ``name: (kind, start)`` of ``models`` (``kind`` ``"softmax"`` or ``"linear"``; ``start``
+    ``"random"``: :func:`gmlib.init_heads` with scale ``init_scale`` and key
+    ``jax.random.key(init_seeds[j])`` for seed j, or a :class:`gmlib.Heads` used for every
+    seed) minimises the squared error to the clean signal,
+    :math:`\frac1{BQ}\sum_{b,q}\|f[\mu_b](z_{b,q}) - x_{b,q}\|^2`, on fresh prompts of
+    :func:`task_sampler` (``batch_size`` prompts of ``n_queries`` queries per step). The
+    models of one run see the same prompts: the loss of a run is the sum of the models'
+    losses, so each model gets its own gradient, and an optimizer that updates every
+    parameter on its own (Adam) trains each exactly as it would alone on those prompts.
+    Every run is one :func:`gmlib.optimize` call and all of them one program of
+    :func:`gmlib.train.sweep`: prompts are drawn at ``max(lengths)`` tokens and masked.
+
+    Args:
+        models: ``{name: (kind, start)}``.
+        gamma, xi: the noise levels of the tasks.
+        dim: d.
+        optimizer: an ``optax.GradientTransformation``.
+        lengths: prompt lengths, positive ints, shape (n_lengths,).
+        seeds: the key of each run, ints, shape (n_lengths, n_seeds) (or (n_seeds,)):
+            :func:`gmlib.train.sweep`'s ``seeds``.
+        init_seeds: the key of each seed's random start, ints, shape (n_seeds,).
+        n_steps: steps per run, a multiple of ``n_records``.
+        batch_size: prompts per step.
+        n_queries: queries per prompt.
+        n_records: parameters kept this many times, evenly spaced (the last at the end).
+        init_scale: the scale of the random starts.
+        dtype: the floating dtype of training (float32, the default, is cheaper on a CPU).
+
+    Returns:
+        the :class:`gmlib.TrainResult` of :func:`gmlib.train.sweep`, leading axes
+        (n_lengths, n_seeds): ``params[name]`` the final heads, ``trajectory[name]`` the
+        ``n_records`` copies (axis 2).
+
+    Raises:
+        ValueError: what :func:`task_sampler`, :func:`gmlib.init_heads`, :func:`gmlib.optimize`
+            and :func:`gmlib.train.sweep` raise, naming the argument.
+
+    Example:
+        >>> out = denoise.train_in_context({"softmax": ("softmax", "random")}, 1.0, 1.0, 2,
+        ...     optimizer=optax.adam(1e-2), lengths=[16, 64], seeds=[[0, 1], [2, 3]],
+        ...     init_seeds=[0, 1], n_steps=1000, batch_size=16, n_queries=4)
+        >>> out.params["softmax"].U.shape  # (2 lengths, 2 seeds, 2 heads, d, d)
+    """
+    l_max = int(np.max(lengths))
+    sampler = task_sampler(gamma, xi, dim, n_queries=n_queries, dtype=dtype)
+
+    def loss(heads, batch):
+        return sum(_squared_error(heads[name], batch, kind) for name, (kind, _) in models.items())
+
+    def start(seed):
+        random = init_heads(key=jax.random.key(seed), n_heads=2, dim=dim, out_dim=dim, residual=True,
+                            scale=init_scale, dtype=dtype)
+        return {name: random if isinstance(st, str) and st == "random" else st.astype(dtype)
+                for name, (_, st) in models.items()}
+
+    def run(key, length, heads):
+        mask = jnp.arange(l_max, dtype=length.dtype) < length  # the first `length` tokens count
+        return optimize(loss, heads, optimizer, n_steps=n_steps, record_every=n_steps // n_records,
+                        trajectory=True, key=key,
+                        sample=lambda k: sampler(k, batch_size, l_max)._replace(mask=mask))
+
+    starts = jax.tree.map(lambda *x: jnp.stack(x), *[start(int(s)) for s in np.asarray(init_seeds).ravel()])
+    return sweep(run, seeds=seeds, lengths=lengths, inputs=(starts,))
