@@ -10,7 +10,9 @@ page with Playwright driving Debian's Chromium. Per page it checks that
 * MathJax typesets every formula, with no ``mjx-merror`` (a TeX error) and no undefined
   control sequence (MathJax's ``noundefined`` red text) left on the page, and no TeX is left
   unrendered in the page's text (a ``$``, ``\frac``, ``\operatorname``... outside a formula:
-  a formula the Markdown around it broke);
+  a formula the Markdown around it broke), and no displayed formula runs past the column in
+  the 1400 px window (MathJax 3 does not break lines: a long one is cut off at the right, to
+  be scrolled; split it with ``aligned``);
 * no cell shows a bare value (an ``execute_result`` as plain text: ``np.float64(...)``,
   ``Array(...)``) or prints a bare number or a build-machine line;
 * the console shows no error and no script raises (page errors), except the two theme
@@ -169,6 +171,9 @@ _PAGE_STATE = """async () => {
       .filter(i => !(i.id || '').startsWith('_anim_img') && !(i.currentSrc || i.src).endsWith('.svg'));
   return {
     text: prose.textContent,
+    wide: Array.from(main.querySelectorAll('mjx-container[display="true"]'))
+        .filter(m => m.scrollWidth > m.clientWidth + 2)
+        .map(m => [m.scrollWidth - m.clientWidth, m.textContent.slice(0, 60)]),
     figures: figures.map(i => [i.currentSrc || i.src, i.naturalWidth, i.getBoundingClientRect().width]),
     outputs: Array.from(main.querySelectorAll('.cell_output .output')).map(o =>
         [o.classList.contains('text_plain') ? 'text_plain' : (o.classList.contains('stream') ? 'stream' : 'other'),
@@ -246,6 +251,8 @@ def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
                                       f"{natural / 2:.0f} px: shrunk, its fonts fall under 9 pt")
                 for snippet in unrendered_tex(state["text"]):
                     errors.append(f"TeX left unrendered in the text: {snippet!r}")
+                for extra, tex in state["wide"]:
+                    errors.append(f"formula cut off: {extra} px past the column: {tex!r}")
                 for value in bare_outputs(state["outputs"]):
                     errors.append(f"a cell shows a bare value: {value!r}")
                 for tex in state["untypeset"]:
