@@ -224,15 +224,20 @@ class Table:
 
     def markdown(self, max_columns: int = 7) -> str:
         """The table in Markdown for the page: file names in backticks (``__init__.py`` would
-        render as a bold "init.py"), and a table wider than ``max_columns`` split in two that
-        share the first column (the page's text column shows about seven)."""
+        render as a bold "init.py"), columns of words aligned left, and a table wider than
+        ``max_columns`` split in two that share the first column (the page's text column
+        shows about seven)."""
         def esc(c):
             c = c.replace("|", "\\|")
             return f"`{c}`" if re.fullmatch(r"[\w./]+\.py", c) else c
 
+        def align(j):  # words to the left, numbers (and the other columns) to the right
+            words = j == 0 or (self.rows and all(r[j][:1].isalpha() for r in self.rows))
+            return "---" if words else "---:"
+
         def block(title, cols):
             out = [f"### {title}", "", "| " + " | ".join(esc(self.headers[j]) for j in cols) + " |",
-                   "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|"]
+                   "|" + "|".join(align(j) for j in cols) + "|"]
             return out + ["| " + " | ".join(esc(r[j]) for j in cols) + " |" for r in self.rows]
 
         n = len(self.headers)
