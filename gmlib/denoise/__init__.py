@@ -33,12 +33,13 @@ What lives where (everything is imported here, ``gmlib.denoise.<name>``):
   their risks :func:`linear_risk`, :func:`affine_risk` and gaps to Bayes :func:`linear_gap`,
   :func:`affine_gap` (Prop C.6);
 - :mod:`gmlib.denoise.in_context`: in-context denoising: :func:`in_context_heads` (Prop 4.4
-  and its tempered family), :func:`estimate_task` (the plug-in competitor),
+  and its tempered family), :func:`estimate_task` (the plug-in competitor), :func:`finite_prompt_errors` (both on one
+  finite prompt),
   :func:`task_sampler` and :func:`task_excess` (prompts of random tasks, for training);
 - :mod:`gmlib.denoise.iterated`: the iterated denoiser of Prop 4.3: :func:`iterate`,
-  :func:`separation`, :func:`tanh_fixed_point`.
+  :func:`separation`, :func:`tanh_fixed_point`, :func:`cluster_limits`.
 
-Everything except the host functions (:func:`tanh_fixed_point`, :func:`fewer_heads`,
+Everything except the host functions (:func:`tanh_fixed_point`, :func:`cluster_limits`, :func:`fewer_heads`,
 :func:`heads_needed`, a scipy root solver and numpy linear algebra) and the value-dependent
 checks works under ``jit``, ``vmap`` and ``grad``, in float32 and float64.
 """
@@ -51,8 +52,14 @@ from gmlib.denoise.general_heads import (
     skip_head_bayes,
     small_score_head,
 )
-from gmlib.denoise.in_context import estimate_task, in_context_heads, task_excess, task_sampler
-from gmlib.denoise.iterated import iterate, separation, tanh_fixed_point
+from gmlib.denoise.in_context import (
+    estimate_task,
+    finite_prompt_errors,
+    in_context_heads,
+    task_excess,
+    task_sampler,
+)
+from gmlib.denoise.iterated import cluster_limits, iterate, separation, tanh_fixed_point
 from gmlib.denoise.linear import (
     affine_gap,
     affine_optimum,
@@ -82,9 +89,11 @@ __all__ = [
     "affine_gap",
     "in_context_heads",
     "estimate_task",
+    "finite_prompt_errors",
     "task_sampler",
     "task_excess",
     "iterate",
     "separation",
     "tanh_fixed_point",
+    "cluster_limits",
 ]
