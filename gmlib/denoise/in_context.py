@@ -37,8 +37,10 @@ def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
 
     .. math::
 
-        U_1 = c\,S^{-1},\quad V_1 = a I_d,\quad U_2 = V_2 = 0,\quad
+        \begin{gathered}
+        U_1 = c\,S^{-1},\quad V_1 = a I_d,\quad U_2 = V_2 = 0,\\
         W_{\mathrm{out}} = \big(I_d,\ -a(1 + c) I_d\big),
+        \end{gathered}
 
     residual heads, so that ``gmlib.apply_heads`` computes
     :math:`W_{\mathrm{out}} (z + T_{U_1,V_1}[\mu](z),\ z + T_{U_2,V_2}[\mu](z))`. On a finite
@@ -109,10 +111,12 @@ def estimate_task(prompt, gamma, xi, *, n_iter: int = 50) -> DenoisingProblem:
 
     .. math::
 
+        \begin{gathered}
         r_{ik} = \operatorname{softmax}_k\Big(\log \hat\pi_k
-        - \frac{\|z_i - \hat m_k\|^2}{2s}\Big),\qquad
+        - \frac{\|z_i - \hat m_k\|^2}{2s}\Big),\\
         \hat\pi_k = \frac1L \sum_i r_{ik},\qquad
         \hat m_k = \frac{\sum_i r_{ik} z_i}{\sum_i r_{ik}}.
+        \end{gathered}
 
     The returned problem's :meth:`DenoisingProblem.bayes` is the plug-in denoiser
     :math:`(1 - a) z + a \sum_k \hat\beta_k(z) \hat m_k`: the Bayes formula (eq 10) of the
