@@ -51,7 +51,22 @@ _build/.gmlib-stamp: $(wildcard gmlib/*.py)
 	rm -rf _build/.jupyter_cache
 	mkdir -p _build && touch $@
 
-book: $(STAMP) _build/.gmlib-stamp
+# MathJax 3, served from the built site (not a CDN): formulas render offline, and the browser
+# check sees what an offline reader sees. Fetched once (npm, or the npm registry's tarball);
+# only the CommonHTML build the pages load is kept, with what it loads on demand.
+MATHJAX := _mathjax/es5/tex-mml-chtml.js
+MATHJAX_VERSION := 3.2.2
+$(MATHJAX):
+	rm -rf _mathjax && mkdir -p _mathjax/.pack
+	cd _mathjax/.pack && { npm pack -q mathjax@$(MATHJAX_VERSION) >/dev/null 2>&1 || \
+		curl -fsSLO https://registry.npmjs.org/mathjax/-/mathjax-$(MATHJAX_VERSION).tgz; }
+	tar -xzf _mathjax/.pack/mathjax-$(MATHJAX_VERSION).tgz -C _mathjax/.pack
+	mkdir -p _mathjax/es5/output
+	cd _mathjax/.pack/package/es5 && mv tex-mml-chtml.js input a11y ui adaptors sre ../../../es5/ && \
+		mv output/chtml output/chtml.js ../../../es5/output/
+	rm -rf _mathjax/.pack
+
+book: $(STAMP) _build/.gmlib-stamp $(MATHJAX)
 	$(BIN)/python tests/execute_chapters.py --jobs $(EXEC_JOBS)
 	$(BIN)/jupyter-book build . --builder html
 	@echo ""
@@ -86,7 +101,7 @@ nbval: $(STAMP)
 
 # The chapters are executed EXEC_JOBS at a time into the build's jupyter-cache (a failing
 # chapter stops here, with its traceback); the build then reads every chapter from the cache.
-strict: $(STAMP)
+strict: $(STAMP) $(MATHJAX)
 	rm -rf _build
 	$(BIN)/python tests/execute_chapters.py --jobs $(EXEC_JOBS)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import resource
 import time
 from dataclasses import dataclass, field
@@ -221,11 +222,31 @@ class Table:
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
 
-    def markdown(self) -> str:
-        esc = lambda c: c.replace("|", "\\|")  # noqa: E731
-        out = [f"### {self.title}", "", "| " + " | ".join(map(esc, self.headers)) + " |",
-               "|" + "|".join(["---"] + ["---:"] * (len(self.headers) - 1)) + "|"]
-        out += ["| " + " | ".join(map(esc, r)) + " |" for r in self.rows]
+    def markdown(self, max_columns: int = 7) -> str:
+        """The table in Markdown for the page: file names in backticks (``__init__.py`` would
+        render as a bold "init.py"), columns of words aligned left, and a table wider than
+        ``max_columns`` split in two that share the first column (the page's text column
+        shows about seven)."""
+        def esc(c):
+            c = c.replace("|", "\\|")
+            return f"`{c}`" if re.fullmatch(r"[\w./]+\.py", c) else c
+
+        def align(j):  # words to the left, numbers (and the other columns) to the right
+            words = j == 0 or (self.rows and all(r[j][:1].isalpha() for r in self.rows))
+            return "---" if words else "---:"
+
+        def block(title, cols):
+            out = [f"### {title}", "", "| " + " | ".join(esc(self.headers[j]) for j in cols) + " |",
+                   "|" + "|".join(align(j) for j in cols) + "|"]
+            return out + ["| " + " | ".join(esc(r[j]) for j in cols) + " |" for r in self.rows]
+
+        n = len(self.headers)
+        if n <= max_columns:
+            out = block(self.title, range(n))
+        else:
+            half = (n + 1) // 2
+            out = block(self.title, range(half)) + [""] + block(
+                f"{self.title}, continued", [0, *range(half, n)])
         if self.notes:
             out += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(out)
@@ -233,7 +254,7 @@ class Table:
 
 @dataclass
 class Goal:
-    """One goal of the issue: what was asked, what was measured, and whether it was met."""
+    """One goal of the benchmarks: what is asked, what was measured, and whether it was met."""
 
     name: str
     target: str

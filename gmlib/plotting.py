@@ -21,15 +21,17 @@ __all__ = ["COLUMN_WIDTH", "MIN_FONT_PT", "PALETTE", "STYLE", "Table", "check_fi
 #: Okabe–Ito colour-blind-safe palette, in the order the book uses it.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 
-#: Width of the book's text column in inches at the figures' 100 dpi (an inch is 100 CSS px):
-#: a figure this wide is shown at its own size at every window width from 1000 px up.
+#: Width of the book's figures in inches, at their 100 dpi (an inch is 100 CSS px).
+#: In a 1400 px window a code cell's output is 784 px wide, so a figure this wide is shown at
+#: its own size (tests/site_check.py measures it), and its fonts at the sizes of :data:`STYLE`.
 COLUMN_WIDTH = 7.0
 
 #: The smallest font size, in points at the displayed size, of any text in a figure.
 MIN_FONT_PT = 9.0
 
-#: matplotlib rc settings of the book's figures: column width, fonts from 9.5 pt, a white
-#: background (readable in dark mode), constrained layout (room for legends outside the axes).
+#: The matplotlib rc settings of the book's figures.
+#: Column width, fonts from 9.5 pt, a white background (readable in dark mode), and
+#: constrained layout (room for legends outside the axes).
 STYLE = {
     "figure.figsize": (COLUMN_WIDTH, 3.6),
     "figure.dpi": 100,

@@ -1,11 +1,20 @@
-"""The built site in a real browser: every page of ``_build/html`` in headless Chromium.
+r"""The built site in a real browser: every page of ``_build/html`` in headless Chromium.
 
 Serves ``_build/html`` on 127.0.0.1 (Python's http.server in a thread) and opens every
 page with Playwright driving Debian's Chromium. Per page it checks that
 
 * every image loads (``complete`` and ``naturalWidth > 0``);
+* every figure (a PNG in a cell's output) is at least 1200 px wide and shown at no less than
+  its intended size (half its pixels: the retina PNGs of gmlib.plotting's rules), in a
+  1400 px wide window: shrunk into the column, its fonts would fall under 9 pt;
 * MathJax typesets every formula, with no ``mjx-merror`` (a TeX error) and no undefined
-  control sequence (MathJax's ``noundefined`` red text) left on the page;
+  control sequence (MathJax's ``noundefined`` red text) left on the page, and no TeX is left
+  unrendered in the page's text (a ``$``, ``\frac``, ``\operatorname``... outside a formula:
+  a formula the Markdown around it broke), and no displayed formula runs past the column in
+  the 1400 px window (MathJax 3 does not break lines: a long one is cut off at the right, to
+  be scrolled; split it with ``aligned``);
+* no cell shows a bare value (an ``execute_result`` as plain text: ``np.float64(...)``,
+  ``Array(...)``) or prints a bare number or a build-machine line;
 * the console shows no error and no script raises (page errors), except the two theme
   errors listed in KNOWN_ERRORS (printed on every run, with why they are tolerated);
 * no local request fails (status >= 400 or a network error: a missing CSS/JS/image);
@@ -14,19 +23,14 @@ page with Playwright driving Debian's Chromium. Per page it checks that
   chapter's notebook, ``https://colab.research.google.com/github/<org>/<repo>/blob/<branch>/book/<name>.ipynb``
   (from ``_config.yml``'s ``repository``), and the notebook exists in the checkout.
 
-The build loads MathJax 3 from cdn.jsdelivr.net, which an offline machine cannot reach.
-The check does not pretend: requests to that CDN are routed (``page.route``) to a local
-copy of the same MathJax 3 package, so formulas are really typeset and checked. The copy
-is looked up in ``$GMLIB_MATHJAX_DIR`` (a folder holding ``es5/tex-mml-chtml.js``), then in
-``_build/.mathjax/package``; if neither exists it is fetched once with ``npm pack mathjax@3``
-into ``_build/.mathjax``. Every other external request (none in the current build) is
-aborted and listed; its console message ("Failed to load resource") is not counted as an
-error, because it is an artefact of the offline machine, not of the site.
+MathJax 3 is served by the built site itself (``es5/``, copied from ``_mathjax/`` by the
+build: see the Makefile), so the formulas are typeset here exactly as an offline reader sees
+them. Any request for something outside the site is a problem: it is aborted and reported.
 
     .venv/bin/python tests/site_check.py [--html _build/html] [--chromium /usr/bin/chromium]
 
 Exit status: 0 when every check passes, 1 when one fails, 2 when it cannot run (no
-Chromium, no Playwright, no build, no MathJax copy); tests/test_site.py turns 2 into a skip.
+Chromium, no Playwright, no build); tests/test_site.py turns 2 into a skip.
 """
 
 from __future__ import annotations
@@ -38,9 +42,7 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
-import tarfile
 import threading
 import urllib.parse
 
@@ -56,11 +58,32 @@ KNOWN_ERRORS = {
     "console error: Got invalid theme mode: . Resetting to auto.":
         "pydata-sphinx-theme logs this on a reader's first visit, before a light/dark mode is stored",
 }
-MATHJAX_CDN = re.compile(r"^https://cdn\.jsdelivr\.net/npm/mathjax@3(?:\.[\d.]+)?/(?P<path>[^?#]*)")
+#: Figures: a PNG in a cell's output at least this wide (px), shown at >= 97 % of half its width.
+MIN_FIGURE_PX = 1200
+WINDOW = {"width": 1400, "height": 900}
+#: TeX left in a page's text: a dollar sign, or a control sequence of the book's formulas.
+UNRENDERED_TEX = re.compile(r"\$|\\(?:frac|operatorname|mathbb|mathcal|mathrm|text|sum|int|prod|sqrt|top|left|right|"
+                            r"begin|end|hat|tilde|bar|alpha|beta|gamma|delta|Delta|mu|xi|pi|sigma|Sigma|Gamma|"
+                            r"theta|lambda|kappa|cdot|le|ge|leq|geq|quad|infty|partial|nabla|log|exp|R|E)(?![A-Za-z])")
+#: A printed line that is a bare value (a number, a NumPy/JAX repr) or a line about the build machine.
+BARE_PRINT = re.compile(r"^\s*(?:[-+]?\d[\d.,eE+-]*|(?:np\.\w+|Array)\(.*|.*\bcpu device\(s\).*)\s*$", re.M)
+
+
+def unrendered_tex(text: str) -> list[str]:
+    """Snippets of ``text`` (a page's visible text, formulas and code left out) that hold TeX."""
+    return [text[max(0, m.start() - 30):m.end() + 30].replace("\n", " ") for m in UNRENDERED_TEX.finditer(text)]
+
+
+def bare_outputs(outputs: list[tuple[str, str]]) -> list[str]:
+    """The cell outputs ``(kind, text)`` that show a bare value: an execute_result as plain text,
+    or a printed line that is only a number, a NumPy/JAX repr or a build-machine line."""
+    bad = [text.strip()[:80] for kind, text in outputs if kind == "text_plain"]
+    bad += [m.group(0).strip()[:80] for kind, text in outputs if kind == "stream" for m in BARE_PRINT.finditer(text)]
+    return bad
 
 
 class CannotRun(Exception):
-    """The check cannot run here (missing Chromium, Playwright, build or MathJax)."""
+    """The check cannot run here (missing Chromium, Playwright or build)."""
 
 
 # ----------------------------------------------------------------------------- prerequisites
@@ -72,28 +95,6 @@ def find_chromium(explicit: str | None = None) -> str:
         if cand and os.path.exists(cand):
             return cand
     raise CannotRun("no Chromium found (apt-get install -y chromium, or set CHROMIUM=/path/to/chromium)")
-
-
-def find_mathjax(html: pathlib.Path, fetch: bool = True) -> pathlib.Path:
-    """A folder holding MathJax 3's ``es5/tex-mml-chtml.js``."""
-    cands = [os.environ.get("GMLIB_MATHJAX_DIR"), html.parent / ".mathjax" / "package"]
-    for c in cands:
-        if c and (pathlib.Path(c) / "es5" / "tex-mml-chtml.js").exists():
-            return pathlib.Path(c)
-    if fetch and shutil.which("npm"):
-        dest = html.parent / ".mathjax"
-        dest.mkdir(parents=True, exist_ok=True)
-        try:
-            out = subprocess.run(["npm", "pack", "mathjax@3", "--pack-destination", str(dest)], check=True,
-                                 capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1]
-            with tarfile.open(dest / out) as tar:
-                tar.extractall(dest, filter="data")
-            if (dest / "package" / "es5" / "tex-mml-chtml.js").exists():
-                return dest / "package"
-        except (subprocess.SubprocessError, OSError, tarfile.TarError, IndexError) as exc:
-            raise CannotRun(f"could not fetch MathJax 3 with `npm pack mathjax@3`: {exc}") from None
-    raise CannotRun("no local MathJax 3 (set GMLIB_MATHJAX_DIR to an unpacked `npm pack mathjax@3`, "
-                    "or make npm available): formulas cannot be typeset offline")
 
 
 # ----------------------------------------------------------------------------- the site on disk
@@ -162,7 +163,21 @@ _PAGE_STATE = """async () => {
     mathjax = 'ready';
   }
   const math = Array.from(document.querySelectorAll('.math'));
+  const main = document.querySelector('article') || document.body;
+  const prose = main.cloneNode(true);
+  prose.querySelectorAll('mjx-container, .math, pre, code, script, style, .cell_input, .cell_output, '
+      + 'mjx-assistive-mml, .headerlink').forEach(e => e.remove());
+  const figures = Array.from(main.querySelectorAll('.cell_output img, figure img'))
+      .filter(i => !(i.id || '').startsWith('_anim_img') && !(i.currentSrc || i.src).endsWith('.svg'));
   return {
+    text: prose.textContent,
+    wide: Array.from(main.querySelectorAll('mjx-container[display="true"]'))
+        .filter(m => m.scrollWidth > m.clientWidth + 2)
+        .map(m => [m.scrollWidth - m.clientWidth, m.textContent.slice(0, 60)]),
+    figures: figures.map(i => [i.currentSrc || i.src, i.naturalWidth, i.getBoundingClientRect().width]),
+    outputs: Array.from(main.querySelectorAll('.cell_output .output')).map(o =>
+        [o.classList.contains('text_plain') ? 'text_plain' : (o.classList.contains('stream') ? 'stream' : 'other'),
+         o.textContent]),
     images: Array.from(document.images).map(i => [i.currentSrc || i.src, i.complete, i.naturalWidth]),
     mathjax: mathjax,
     math: math.length,
@@ -178,7 +193,7 @@ _PAGE_STATE = """async () => {
 }"""
 
 
-def check_site(html: pathlib.Path, chromium: str, mathjax: pathlib.Path, verbose=True) -> list[str]:
+def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
     from playwright.sync_api import sync_playwright
 
     problems: list[str] = []
@@ -189,15 +204,12 @@ def check_site(html: pathlib.Path, chromium: str, mathjax: pathlib.Path, verbose
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-            context = browser.new_context()
+            context = browser.new_context(viewport=WINDOW)
 
             def route(r):
                 url = r.request.url
                 if url.startswith(origin):
                     return r.continue_()
-                m = MATHJAX_CDN.match(url)
-                if m and (mathjax / m["path"]).is_file():
-                    return r.fulfill(path=str(mathjax / m["path"]))
                 external.add(url)
                 return r.abort()
 
@@ -230,6 +242,19 @@ def check_site(html: pathlib.Path, chromium: str, mathjax: pathlib.Path, verbose
                         errors.append(f"image does not load: {src}")
                 if state["math"] and state["mathjax"] != "ready":
                     errors.append(f"{state['math']} formulas but MathJax did not start")
+                for src, natural, shown in state["figures"]:
+                    name = src.rsplit("/", 1)[-1][:16]
+                    if natural < MIN_FIGURE_PX:
+                        errors.append(f"figure {name}... is {natural} px wide (< {MIN_FIGURE_PX}): blurred on the page")
+                    elif shown < 0.97 * natural / 2:
+                        errors.append(f"figure {name}... is shown {shown:.0f} px wide, under its intended "
+                                      f"{natural / 2:.0f} px: shrunk, its fonts fall under 9 pt")
+                for snippet in unrendered_tex(state["text"]):
+                    errors.append(f"TeX left unrendered in the text: {snippet!r}")
+                for extra, tex in state["wide"]:
+                    errors.append(f"formula cut off: {extra} px past the column: {tex!r}")
+                for value in bare_outputs(state["outputs"]):
+                    errors.append(f"a cell shows a bare value: {value!r}")
                 for tex in state["untypeset"]:
                     errors.append(f"formula not typeset: {tex!r}")
                 for msg in sorted(set(state["merrors"])):
@@ -259,8 +284,8 @@ def check_site(html: pathlib.Path, chromium: str, mathjax: pathlib.Path, verbose
     if verbose and tolerated:
         print("known theme errors, tolerated (see KNOWN_ERRORS):",
               *(f"{e}\n    why: {KNOWN_ERRORS[e]}" for e in sorted(tolerated)), sep="\n  ")
-    if verbose and external:
-        print("external requests aborted (offline machine):", *sorted(external), sep="\n  ")
+    problems += [f"a page requests {url} from outside the site (offline readers do not get it)"
+                 for url in sorted(external)]
     return problems
 
 
@@ -277,11 +302,10 @@ def main(argv=None) -> int:
         except ImportError:
             raise CannotRun("the Python package `playwright` is not installed (pip install playwright)") from None
         chromium = find_chromium(args.chromium)
-        mathjax = find_mathjax(args.html.resolve())
     except CannotRun as exc:
         print(f"site check cannot run: {exc}")
         return 2
-    problems = check_site(args.html.resolve(), chromium, mathjax)
+    problems = check_site(args.html.resolve(), chromium)
     for p in problems:
         print("FAIL", p)
     print(f"{len(pages(args.html))} pages, {len(problems)} problem(s)")

@@ -266,6 +266,29 @@ def test_citation_file_is_valid():
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
 
 
+def test_zenodo_metadata_agrees_with_the_citation_file():
+    """.zenodo.json (the DOI record Zenodo mints for each GitHub release) says what CITATION.cff says."""
+    zen = json.loads((ROOT / ".zenodo.json").read_text())
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert zen["upload_type"] == "software" and zen["description"].strip()
+    assert (zen["title"], zen["version"], zen["license"]) == (cff["title"], cff["version"], cff["license"])
+    assert [c["name"] for c in zen["creators"]] == [a.get("name") or f"{a['family-names']}, {a['given-names']}"
+                                                    for a in cff["authors"]]
+    related = {r["identifier"]: r["relation"] for r in zen["related_identifiers"]}
+    papers = [i["value"] for ref in cff["references"] for i in ref.get("identifiers", [])]
+    assert related.get(papers[0]) == "isSupplementTo", "the record must point to the paper the book follows"
+    assert set(papers) <= set(related)
+
+
+def test_release_workflow_builds_and_attaches_the_artefacts():
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+    assert wf[True]["push"]["tags"] == ["v*"]  # YAML reads the key `on` as True
+    assert wf["permissions"]["contents"] == "write"
+    run = "\n".join(s.get("run", "") for job in wf["jobs"].values() for s in job["steps"])
+    assert "python -m build" in run and "make strict" in run and "gh release upload" in run
+    assert "GITHUB_REF_NAME" in run and "pyproject.toml" in run  # the tag must name pyproject's version
+
+
 def test_api_page_lists_every_public_name():
     """book/api.md documents each public name explicitly (autofunction / autoclass / autodata)."""
     api = (BOOK / "api.md").read_text()

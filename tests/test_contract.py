@@ -253,6 +253,7 @@ CASES: dict[str, Case] = {
     "gmlib.denoise.estimate_task": Case(lambda: (denoise.estimate_task, dict(
         prompt=np.linspace(-2, 2, 40).reshape(20, 2), gamma=np.float64(0.5), xi=np.float64(1.0))),
         ("prompt",), ("prompt",)),
+    "gmlib.denoise.finite_prompt_errors": _NO_ARRAYS,  # traceable, checks nothing: the task was checked
     "gmlib.denoise.task_sampler": _NO_ARRAYS,
     "gmlib.denoise.task_excess": _NO_ARRAYS,  # takes a Batch the sampler drew (inside jit)
     "gmlib.denoise.excess_by_length": _NO_ARRAYS,  # takes a Batch, like task_excess
@@ -264,6 +265,8 @@ CASES: dict[str, Case] = {
                             bad_shape=None),  # any shape: f decides
     "gmlib.denoise.separation": _NO_ARRAYS,
     "gmlib.denoise.tanh_fixed_point": _NO_ARRAYS,
+    "gmlib.denoise.cluster_limits": Case(lambda: (denoise.cluster_limits, dict(problem=denoise.DenoisingProblem(
+        [0.5, 0.5], [[0.0, 3.0], [0.0, -3.0]], 0.0, 2.0), starts=np.ones((3, 2)))), ("starts",), ("starts",)),
     "gmlib.plotting.loglog_slope": Case(lambda: (gmlib.plotting.loglog_slope, dict(
         x=np.array([1.0, 2.0, 4.0]), y=np.array([1.0, 0.5, 0.25]))), ("x", "y"), ("x", "y")),
 }

@@ -158,6 +158,29 @@ def test_estimate_task_recovers_the_task_and_the_bayes_denoiser():
         dn.estimate_task(z, gamma, xi, n_iter=0)
 
 
+def test_finite_prompt_errors_against_numpy():
+    """The heads' errors (at queries and at the means) and the plug-in's, recomputed in numpy from the same draws."""
+    gamma, xi = 0.8, 1.2
+    prob = dn.DenoisingProblem([0.3, 0.7], [[0.0, 2.0], [2.0, 0.0]], gamma, xi)
+    heads = dn.in_context_heads(gamma, xi, 2)
+    key, L, Q = jax.random.key(5), 300, 40
+    attn, at_means, plug = jax.jit(lambda k: dn.finite_prompt_errors(heads, prob, key=k, prompt_length=L,
+                                                                     n_queries=Q))(key)
+    assert attn.shape == (Q,) and at_means.shape == (2,) and plug.shape == (Q,)
+    k_tok, k_q = jax.random.split(key)
+    tokens = np.asarray(prob.noisy.sample(key=k_tok, n_samples=L)[0])
+    z = np.concatenate([np.asarray(prob.noisy.sample(key=k_q, n_samples=Q)[0]), np.asarray(prob.means)])
+    target = numpy_bayes([0.3, 0.7], prob.means, gamma, xi, z)
+    a, s = xi**2 / (gamma**2 + xi**2), gamma**2 + xi**2
+    head = numpy_heads_on_tokens(np.eye(2)[None] / s, a * np.eye(2)[None], tokens, z)[0]
+    sq = np.sum(((1 - 2 * a) * z + head - target) ** 2, -1)  # W_out (z + head, z) = z + head - 2a z
+    np.testing.assert_allclose(attn, sq[:Q], rtol=1e-9, atol=1e-14)
+    np.testing.assert_allclose(at_means, sq[Q:], rtol=1e-9, atol=1e-14)
+    w, m = numpy_em(tokens, s, 50)
+    plug_np = numpy_bayes(w, m, gamma, xi, z[:Q])
+    np.testing.assert_allclose(plug, np.sum((plug_np - target[:Q]) ** 2, -1), rtol=1e-6, atol=1e-12)
+
+
 # ============================================================================ prompts of random tasks (reference)
 
 

@@ -135,3 +135,29 @@ def test_tanh_fixed_point_rejects_invalid(data, lam):
     spec = {"lam": Arg(rank=False, dtype=False, extra=(negative, not_real))}
     name, bad = data.draw(corrupt(dict(lam=lam), spec))
     assert_rejects(lambda: dn.tanh_fixed_point(**bad), name)
+
+
+@pytest.mark.parametrize("xi", [2.0, 3.5, 4.0])
+def test_cluster_limits_are_the_limits_of_long_orbits(xi):
+    """Prop 4.3's limits c ± u_lambda delta (or c) against 400 iterations of the Bayes denoiser, off-centre means."""
+    means = np.array([[1.0, 3.5], [-0.5, -2.0]])
+    prob = dn.DenoisingProblem([0.5, 0.5], means, 0.0, xi)
+    starts = np.random.default_rng(4).normal(size=(30, 2)) * 4
+    c, delta = means.mean(0), (means[0] - means[1]) / 2
+    starts[0] = c + np.array([delta[1], -delta[0]])  # on the boundary hyperplane: goes to c
+    long = np.asarray(dn.iterate(prob.bayes, starts, n_steps=400)[-1])
+    limits = dn.cluster_limits(prob, starts)
+    np.testing.assert_allclose(limits, long, atol=1e-9)
+    np.testing.assert_allclose(limits[0], c, atol=1e-12)
+    lam = np.linalg.norm(means[0] - means[1]) / (2 * xi)
+    assert (lam > 1) == (np.abs(limits - c).max() > 0.1)  # two clusters above lambda = 1, the midpoint below
+
+
+def test_cluster_limits_rejects_invalid():
+    means = [[0.0, 3.0], [0.0, -3.0]]
+    for prob in (dn.DenoisingProblem([0.4, 0.6], means, 0.0, 2.0), dn.DenoisingProblem([0.5, 0.5], means, 0.5, 2.0),
+                 dn.DenoisingProblem([0.2, 0.3, 0.5], [*means, [1.0, 0.0]], 0.0, 2.0)):
+        with pytest.raises(ValueError, match="`problem`"):
+            dn.cluster_limits(prob, np.ones((3, 2)))
+    with pytest.raises(ValueError, match="`starts`"):
+        dn.cluster_limits(dn.DenoisingProblem([0.5, 0.5], means, 0.0, 2.0), np.ones((3, 3)))

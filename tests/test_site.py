@@ -1,9 +1,9 @@
-"""The built site in headless Chromium (tests/site_check.py), skipped with a reason when it cannot run.
+"""The built site in headless Chromium (tests/site_check.py), skipped with a reason when it cannot run,
+and the site check's own detectors, which must be able to fail.
 
-It needs a built site (`make book` or `make strict` leaves `_build/html`), Debian's Chromium
-(`apt-get install -y chromium`), the `playwright` package (requirements.txt) and a local
-MathJax 3 (fetched once with `npm pack mathjax@3`, or `GMLIB_MATHJAX_DIR`). `.ci/run` runs
-the same check as a script right after the strict build, where all of these are present.
+The browser check needs a built site (`make book` or `make strict` leaves `_build/html`, with
+MathJax served from it), Debian's Chromium (`apt-get install -y chromium`) and the `playwright`
+package (requirements.txt). `.ci/run` runs the same check as a script right after the strict build.
 """
 
 import pytest
@@ -18,8 +18,30 @@ def test_built_site_in_chromium():
             raise site_check.CannotRun(f"no built site at {html} (run `make book` first)")
         pytest.importorskip("playwright", reason="the `playwright` package is not installed")
         chromium = site_check.find_chromium()
-        mathjax = site_check.find_mathjax(html.resolve())
     except site_check.CannotRun as exc:
         pytest.skip(f"browser check of the site skipped: {exc}")
-    problems = site_check.check_site(html.resolve(), chromium, mathjax, verbose=False)
+    problems = site_check.check_site(html.resolve(), chromium, verbose=False)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("text", [
+    r"where $\beta(z) = \operatorname{softmax}_k(",  # a formula the Markdown broke
+    r"the gate \frac{1}{2} of",
+    "costs $5 a month",
+    r"in \R^D the",
+])
+def test_unrendered_tex_is_found(text):
+    assert site_check.unrendered_tex(text)
+
+
+@pytest.mark.parametrize("text", ["plain prose, with numbers 1.5 and a dash - here", r"a path C:\Rtools\n"])
+def test_prose_is_not_tex(text):
+    assert site_check.unrendered_tex(text) == []
+
+
+def test_bare_outputs_are_found():
+    outputs = [("text_plain", "np.float64(0.00059)"), ("stream", "excess 0.1 at L = 16\n45.82702461417883\n"),
+               ("stream", "on 1 cpu device(s)\n"), ("stream", "Array([[0.75, 0.25]])"), ("other", "<table>")]
+    assert site_check.bare_outputs(outputs) == ["np.float64(0.00059)", "45.82702461417883", "on 1 cpu device(s)",
+                                                "Array([[0.75, 0.25]])"]
+    assert site_check.bare_outputs([("stream", "the excess is 0.1 at L = 16\n"), ("other", "1.5")]) == []

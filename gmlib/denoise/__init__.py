@@ -34,13 +34,14 @@ What lives where (everything is imported here, ``gmlib.denoise.<name>``):
   :func:`affine_gap` (Prop C.6);
 - :mod:`gmlib.denoise.in_context`: in-context denoising: :func:`in_context_heads` (Prop 4.4
   and its tempered family), :func:`estimate_task` (the plug-in competitor),
-  :func:`task_sampler` and :func:`task_excess` (prompts of random tasks, for training),
-  :func:`excess_by_length`, :func:`tempered_excess`, :func:`plug_in_excess` and
-  :func:`train_in_context` (finite prompts, the book's chapter 7);
+  :func:`finite_prompt_errors` (both on one finite prompt), :func:`task_sampler` and
+  :func:`task_excess` (prompts of random tasks, for training), :func:`excess_by_length`,
+  :func:`tempered_excess`, :func:`plug_in_excess` and :func:`train_in_context` (finite
+  prompts, the book's chapter 7);
 - :mod:`gmlib.denoise.iterated`: the iterated denoiser of Prop 4.3: :func:`iterate`,
-  :func:`separation`, :func:`tanh_fixed_point`.
+  :func:`separation`, :func:`tanh_fixed_point`, :func:`cluster_limits`.
 
-Everything except the host functions (:func:`tanh_fixed_point`, :func:`fewer_heads`,
+Everything except the host functions (:func:`tanh_fixed_point`, :func:`cluster_limits`, :func:`fewer_heads`,
 :func:`heads_needed`, a scipy root solver and numpy linear algebra) and the value-dependent
 checks works under ``jit``, ``vmap`` and ``grad``, in float32 and float64.
 """
@@ -56,6 +57,7 @@ from gmlib.denoise.general_heads import (
 from gmlib.denoise.in_context import (
     estimate_task,
     excess_by_length,
+    finite_prompt_errors,
     in_context_heads,
     plug_in_excess,
     task_excess,
@@ -63,7 +65,7 @@ from gmlib.denoise.in_context import (
     tempered_excess,
     train_in_context,
 )
-from gmlib.denoise.iterated import iterate, separation, tanh_fixed_point
+from gmlib.denoise.iterated import cluster_limits, iterate, separation, tanh_fixed_point
 from gmlib.denoise.linear import (
     affine_gap,
     affine_optimum,
@@ -93,6 +95,7 @@ __all__ = [
     "affine_gap",
     "in_context_heads",
     "estimate_task",
+    "finite_prompt_errors",
     "task_sampler",
     "task_excess",
     "excess_by_length",
@@ -102,4 +105,5 @@ __all__ = [
     "iterate",
     "separation",
     "tanh_fixed_point",
+    "cluster_limits",
 ]

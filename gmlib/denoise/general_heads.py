@@ -163,12 +163,12 @@ def multi_head_bayes(problem: DenoisingProblem, *, constant_token: bool = False,
     :math:`C_j` (d, k) sum to :math:`\xi^2 B_Q` and :math:`[C_1 \dots C_h]` has rank d
     (the first h − 1 carry :math:`\xi^2 B_D`), and
     :math:`E = [C_1 \dots C_h]^{+} R`. Then :math:`\sum_j V_j = G` and
-    :math:`\sum_j V_j S U_j = G + R = \Gamma S^{-1}`, so that
+    :math:`\sum_j V_j S U_j = G + R = \Gamma S^{-1}`, so that (eq 10)
 
     .. math::
 
         \sum_j T_{U_j, V_j}[\mu_Z](z) = \Gamma S^{-1} z + \xi^2 S^{-1} \sum_k \beta_k(z) m_k
-        = f^\star(z) \quad (\text{eq 10}).
+        = f^\star(z).
 
     With the constant coordinate (:func:`augment`) the heads are (d + 1) × (d + 1): their
     score gains :math:`x^\top b` with :math:`D b = -\tfrac12 (m_k^\top S^{-1} m_k -
@@ -272,8 +272,11 @@ def skip_head_bayes(problem: DenoisingProblem, *, constant_token: bool = False) 
 
     .. math::
 
+        \begin{aligned}
         W_{\mathrm{out}} \begin{pmatrix} z + T_{U,V}[\mu_Z](z) \\ z + 0 \end{pmatrix}
-        = z + T_{U,V}[\mu_Z](z) + (B - I) z = B z + T_{U,V}[\mu_Z](z).
+        &= z + T_{U,V}[\mu_Z](z) + (B - I) z\\
+        &= B z + T_{U,V}[\mu_Z](z).
+        \end{aligned}
 
     Args:
         problem: a :class:`DenoisingProblem` (any M, any covariance).

@@ -5,7 +5,8 @@ prompt, while :math:`\gamma` and :math:`\xi` are shared by all tasks. The residu
 layer of Prop 4.4 (:func:`in_context_heads`) is the Bayes denoiser of every task on its
 infinite prompt :math:`\mu_Z^\tau`; on a finite prompt it is ordinary softmax attention over
 the tokens (``gmlib.apply_heads``). Beside it: :func:`estimate_task`, the plug-in
-competitor (EM on the prompt), and the prompts of in-context training,
+competitor (EM on the prompt), :func:`finite_prompt_errors`, both on one finite
+prompt against the task's Bayes denoiser, and the prompts of in-context training,
 :func:`task_sampler`, with :func:`task_excess`, each prompt's excess over its task's Bayes
 denoiser. For finite prompts (the book's chapter 7): :func:`excess_by_length` (a layer of
 heads at several prompt lengths and at :math:`L = \infty`), :func:`tempered_excess` (the
@@ -31,8 +32,8 @@ from gmlib._loop import optimize
 from gmlib.heads import Batch, Heads, apply_heads, init_heads
 from gmlib.train import sweep
 
-__all__ = ["in_context_heads", "estimate_task", "task_sampler", "task_excess", "excess_by_length", "tempered_excess",
-           "plug_in_excess", "train_in_context"]
+__all__ = ["in_context_heads", "estimate_task", "finite_prompt_errors", "task_sampler", "task_excess",
+           "excess_by_length", "tempered_excess", "plug_in_excess", "train_in_context"]
 
 
 def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
@@ -43,8 +44,10 @@ def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
 
     .. math::
 
-        U_1 = c\,S^{-1},\quad V_1 = a I_d,\quad U_2 = V_2 = 0,\quad
+        \begin{gathered}
+        U_1 = c\,S^{-1},\quad V_1 = a I_d,\quad U_2 = V_2 = 0,\\
         W_{\mathrm{out}} = \big(I_d,\ -a(1 + c) I_d\big),
+        \end{gathered}
 
     residual heads, so that ``gmlib.apply_heads`` computes
     :math:`W_{\mathrm{out}} (z + T_{U_1,V_1}[\mu](z),\ z + T_{U_2,V_2}[\mu](z))`. On a finite
@@ -115,10 +118,12 @@ def estimate_task(prompt, gamma, xi, *, n_iter: int = 50) -> DenoisingProblem:
 
     .. math::
 
+        \begin{gathered}
         r_{ik} = \operatorname{softmax}_k\Big(\log \hat\pi_k
-        - \frac{\|z_i - \hat m_k\|^2}{2s}\Big),\qquad
+        - \frac{\|z_i - \hat m_k\|^2}{2s}\Big),\\
         \hat\pi_k = \frac1L \sum_i r_{ik},\qquad
         \hat m_k = \frac{\sum_i r_{ik} z_i}{\sum_i r_{ik}}.
+        \end{gathered}
 
     The returned problem's :meth:`DenoisingProblem.bayes` is the plug-in denoiser
     :math:`(1 - a) z + a \sum_k \hat\beta_k(z) \hat m_k`: the Bayes formula (eq 10) of the
@@ -147,6 +152,55 @@ def estimate_task(prompt, gamma, xi, *, n_iter: int = 50) -> DenoisingProblem:
     # gamma and xi: checked (by name) by the DenoisingProblem built from them below
     weights, means = _em(prompt, jnp.asarray(gamma**2 + xi**2, prompt.dtype), n_iter)
     return DenoisingProblem(weights, means, jnp.asarray(gamma, prompt.dtype), jnp.asarray(xi, prompt.dtype))
+
+
+def finite_prompt_errors(heads: Heads, task: DenoisingProblem, *, key, prompt_length: int,
+                         n_queries: int = 256):
+    r"""Squared errors of a layer of heads and of the plug-in on one finite prompt of a task.
+
+    Draws a prompt of L = ``prompt_length`` noisy tokens :math:`z_1, \dots, z_L` of the task
+    (``task.noisy``) and ``n_queries`` fresh noisy queries :math:`z` of the same task, and
+    returns, against the task's Bayes denoiser :math:`f^\star_\tau` (eq 10),
+
+    .. math::
+
+        \big\|\hat f[\hat\mu_L](z) - f^\star_\tau(z)\big\|^2 \quad\text{and}\quad
+        \big\|\hat f_{\rm EM}(z) - f^\star_\tau(z)\big\|^2,
+
+    where :math:`\hat f[\hat\mu_L]` = ``gmlib.apply_heads(heads, tokens, ·)`` (e.g. the
+    layer of :func:`in_context_heads`) and :math:`\hat f_{\rm EM}` the plug-in denoiser of
+    :func:`estimate_task` fitted to the same tokens; and the first error at the task's own
+    means :math:`m_k` too (the most favourable queries). Traceable: ``jax.vmap`` it over
+    tasks and keys. Nothing is checked here (``task`` was checked when it was built).
+
+    Args:
+        heads: a :class:`gmlib.Heads` on dimension d with output dimension d.
+        task: a :class:`DenoisingProblem`, isotropic (its ``gamma`` and ``xi`` go to the EM).
+        key: a ``jax.random`` key; the prompt and the queries use the two halves of
+            ``jax.random.split(key)``.
+        prompt_length: L, a positive int (static).
+        n_queries: queries drawn from the task, a positive int (static).
+
+    Returns:
+        ``(attention, at_means, plug_in)``: the squared errors of the heads at the
+        queries, shape (n_queries,), at the task's means, shape (M,), and of the plug-in at
+        the queries, shape (n_queries,).
+
+    Example:
+        >>> heads = denoise.in_context_heads(0.8, 1.2, 3)
+        >>> attn, at_means, plug = denoise.finite_prompt_errors(
+        ...     heads, task, key=jax.random.key(0), prompt_length=1000)
+        >>> attn.mean(), plug.mean()  # the excess errors averaged over the task's queries
+    """
+    k_tok, k_q = jax.random.split(key)
+    tokens, _ = task.noisy.sample(key=k_tok, n_samples=prompt_length)
+    queries, _ = task.noisy.sample(key=k_q, n_samples=n_queries)
+    queries = jnp.concatenate([queries, task.means])
+    target = task.bayes(queries)
+    sq = jnp.sum((apply_heads(heads, tokens, queries) - target) ** 2, -1)
+    plug_in = estimate_task(tokens, task.gamma, task.xi).bayes(queries[:n_queries])
+    sq_plug = jnp.sum((plug_in - target[:n_queries]) ** 2, -1)
+    return sq[:n_queries], sq[n_queries:], sq_plug
 
 
 @partial(jax.jit, static_argnums=2)

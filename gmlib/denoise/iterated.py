@@ -17,7 +17,7 @@ import numpy as np
 from gmlib import _checks as C
 from gmlib.denoise.problem import DenoisingProblem
 
-__all__ = ["iterate", "separation", "tanh_fixed_point"]
+__all__ = ["iterate", "separation", "tanh_fixed_point", "cluster_limits"]
 
 
 def iterate(f: Callable, z0, *, n_steps: int):
@@ -116,3 +116,47 @@ def tanh_fixed_point(lam):
 
     out = np.array([root(l * l) if l > 1.0 else 0.0 for l in lam.ravel()])
     return out.reshape(lam.shape)
+
+
+def cluster_limits(problem: DenoisingProblem, starts):
+    r"""Where the iterated Bayes denoiser takes each start (Prop 4.3): :math:`c \pm u_\lambda\delta`, or c.
+
+    Let :math:`z_0` denote a row of ``starts``, :math:`c = (m_1 + m_2)/2`,
+    :math:`\delta = (m_1 - m_2)/2` and :math:`\lambda` the :func:`separation`. For
+    :math:`\gamma = 0` and balanced weights the orbit :math:`z_{n+1} = f^\star(z_n)` converges to
+
+    .. math::
+
+        z_\infty = c + \operatorname{sign}\big(\langle z_0 - c, \delta\rangle\big)\, u_\lambda\, \delta,
+
+    with :math:`u_\lambda` the :func:`tanh_fixed_point` (0 for :math:`\lambda \le 1`: every
+    orbit collapses to the midpoint c; a start on the hyperplane
+    :math:`\langle z_0 - c, \delta\rangle = 0` stays on it and goes to c as well).
+
+    A host function (numpy out), like :func:`tanh_fixed_point`.
+
+    Args:
+        problem: a :class:`DenoisingProblem` with M = 2, :math:`\gamma = 0` and weights
+            (1/2, 1/2).
+        starts: the starts :math:`z_0`, shape (n, d).
+
+    Returns:
+        numpy array (n, d): the limit of each start's orbit.
+
+    Raises:
+        ValueError: naming ``problem`` (not two balanced point masses) or ``starts`` (shape,
+            finiteness).
+
+    Example:
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[0.0, 3.0], [0.0, -3.0]], 0.0, 2.0)
+        >>> denoise.cluster_limits(prob, [[1.0, 0.5]])  # (0, 3 u_1.5): just inside m_1
+    """
+    lam = float(separation(problem))  # refuses M != 2
+    if not problem.isotropic or float(problem.gamma) != 0 or float(problem.weights[0]) != 0.5:
+        raise ValueError("`problem` must be two point masses (gamma = 0) with weights (1/2, 1/2) (Prop 4.3); "
+                         f"got gamma = {problem.gamma}, cov = {problem.cov}, weights = {problem.weights}")
+    starts = np.asarray(C.array(starts, "starts", ("n", "d"), dims={"d": problem.dim}), np.float64)
+    means = np.asarray(problem.means, np.float64)
+    c, delta = means.mean(0), (means[0] - means[1]) / 2
+    side = np.sign((starts - c) @ delta)
+    return c + (side * float(tanh_fixed_point(lam)))[:, None] * delta

@@ -90,9 +90,11 @@ def linear_risk(problem: DenoisingProblem):
 
     .. math::
 
+        \begin{gathered}
         \mathcal R(A^\star) = \mathbb E\|X - A^\star Z\|^2
-        = \xi^2 \operatorname{tr}\big(M_2 (M_2 + \xi^2 I_d)^{-1}\big),
-        \qquad M_2 = \mathbb E[X X^\top],
+        = \xi^2 \operatorname{tr}\big(M_2 (M_2 + \xi^2 I_d)^{-1}\big),\\
+        M_2 = \mathbb E[X X^\top],
+        \end{gathered}
 
     with :math:`A^\star` of :func:`linear_optimum` (whose docstring derives it). In closed
     form, for any M and any covariance; traceable (``jit``, ``vmap``, ``grad``).
@@ -114,9 +116,11 @@ def affine_risk(problem: DenoisingProblem):
 
     .. math::
 
+        \begin{gathered}
         \mathcal R(A, b) = \mathbb E\|X - A Z - b\|^2
-        = \xi^2 \operatorname{tr}\big(\Sigma (\Sigma + \xi^2 I_d)^{-1}\big),
-        \qquad \Sigma = \operatorname{Cov}(X),
+        = \xi^2 \operatorname{tr}\big(\Sigma (\Sigma + \xi^2 I_d)^{-1}\big),\\
+        \Sigma = \operatorname{Cov}(X),
+        \end{gathered}
 
     with :math:`(A, b)` of :func:`affine_optimum` (whose docstring derives it). In closed
     form, for any M and any covariance; traceable (``jit``, ``vmap``, ``grad``).

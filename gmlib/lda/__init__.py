@@ -18,11 +18,13 @@ only :math:`\theta = (U_{11}, u_{12}, v_{21}, v_{22})` matter and (eqs 6–7)
 
 .. math::
 
-    f_\theta(x) = w^\top x + b + r\,\sigma(s_0 + s^\top x), \qquad
+    \begin{gathered}
+    f_\theta(x) = w^\top x + b + r\,\sigma(s_0 + s^\top x),\\
     \begin{aligned}
     w &= U_{11}\Gamma v_{21}, & b &= v_{21}^\top m_{-1} - v_{22},\\
     r &= v_{21}^\top(m_1 - m_{-1}) + 2 v_{22}, & s &= 2u_{12} + U_{11}(m_1 - m_{-1}),
     \end{aligned}
+    \end{gathered}
 
 with :math:`s_0 = \log(\pi_+/(1-\pi_+))`. The population logistic risk
 :math:`\mathcal R(\theta) = \mathbb E\log(1 + e^{-Y f_\theta(X)})` (eq 8) depends on X,

@@ -67,8 +67,10 @@ def effective(problem, theta):
 
     .. math::
 
-        w = U_{11}\Gamma v_{21},\quad b = v_{21}^\top m_{-1} - v_{22},\quad
-        r = v_{21}^\top(m_1 - m_{-1}) + 2v_{22},\quad s = 2u_{12} + U_{11}(m_1 - m_{-1}).
+        \begin{aligned}
+        w &= U_{11}\Gamma v_{21}, & b &= v_{21}^\top m_{-1} - v_{22},\\
+        r &= v_{21}^\top(m_1 - m_{-1}) + 2v_{22}, & s &= 2u_{12} + U_{11}(m_1 - m_{-1}).
+        \end{aligned}
 
     Args:
         problem: an :class:`LDAProblem` of dimension d.
@@ -148,9 +150,11 @@ def risk(problem, theta, *, n_nodes: int = DEFAULT_NODES):
 
     .. math::
 
+        \begin{gathered}
         \mathcal R(\theta) = \sum_{c = \pm 1} \pi_c\,
-            \mathbb E\,\mathrm{softplus}\big(-c\,[y_1 + b + r\,\sigma(s_0 + y_2)]\big),
-        \qquad y \sim \mathcal N(A m_c, A\Gamma A^\top).
+            \mathbb E\,\mathrm{softplus}\big(-c\,[y_1 + b + r\,\sigma(s_0 + y_2)]\big),\\
+        y \sim \mathcal N(A m_c, A\Gamma A^\top).
+        \end{gathered}
 
     The gate :math:`\sigma(s_0 + y_2)` steps over a length 1 in :math:`y_2`, whose
     standard deviation :math:`\sqrt{s^\top\Gamma s}` can be large (the minimizers of
