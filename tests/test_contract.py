@@ -214,6 +214,8 @@ CASES: dict[str, Case] = {
         problem=_c1(), w=np.ones(2), b=np.float64(0.1), r=np.float64(0.2), s=np.ones(2), n_nodes=8)),
         ("w", "b", "r", "s"), ("w", "b", "r", "s")),
     "gmlib.lda.bayes_head": _NO_ARRAYS,
+    "gmlib.lda.family_constraints": _NO_ARRAYS,  # takes a validated problem and HeadParams
+    "gmlib.lda.risk_hessian": _NO_ARRAYS,
     "gmlib.lda.gradient_descent": _NO_ARRAYS,
     "gmlib.lda.sgd": _NO_ARRAYS,
     # ---- gmlib.train

@@ -391,6 +391,40 @@ def test_hessian_at_the_figure_1_start_is_psd_with_the_kernel_of_theorem_3_5():
     np.testing.assert_allclose(np.linalg.svd(kernel.T @ tangent)[1], 1.0, atol=1e-8)
 
 
+@pytest.mark.parametrize("cfg", [C1, SKEW])
+def test_risk_hessian_matches_the_flat_hessian_and_is_symmetric(cfg):
+    """risk_hessian is the matrix of jax.hessian in ravel_pytree's order, at a random head."""
+    P = make(cfg)
+    th = lda.HeadParams.normal(P.dim, key=jax.random.key(4))
+    v, _ = ravel_pytree(th)
+    H = np.asarray(lda.risk_hessian(P, th, n_nodes=64))
+    assert H.shape == (v.size, v.size)
+    np.testing.assert_allclose(H, np.asarray(_HESS(v, P, 64)), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(H, H.T, atol=1e-12)
+
+
+@pytest.mark.parametrize("cfg", [C1, HALF, SKEW])
+@pytest.mark.parametrize("family", ["theta1", "theta2"])
+def test_family_constraints_vanish_on_their_family_only(cfg, family):
+    """The constraints are (w - w*, b - b*, r) or (w - w*, s, b + r sigma(s0) - b*), in numpy;
+    zero at a Bayes head of the family, not at one of the other family."""
+    P = make(cfg)
+    d, other = P.dim, {"theta1": "theta2", "theta2": "theta1"}[family]
+    w_star, b_star = (np.asarray(a) for a in P.bayes_params())
+    sig0 = expit(float(P.s0))
+    th = lda.HeadParams.normal(d, key=jax.random.key(5))
+    w, b, r, s = np_effective(cfg, th)
+    expected = (np.concatenate([w - w_star, [b - b_star, r]]) if family == "theta1"
+                else np.concatenate([w - w_star, s, [b + r * sig0 - b_star]]))
+    got = np.asarray(lda.family_constraints(P, th, family))
+    assert got.shape == ((d + 2,) if family == "theta1" else (2 * d + 1,))
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+    assert np.abs(np.asarray(lda.family_constraints(P, lda.bayes_head(P, family), family))).max() < 1e-12
+    assert np.abs(np.asarray(lda.family_constraints(P, lda.bayes_head(P, other), family))).max() > 1e-3
+    with pytest.raises(ValueError, match="family"):
+        lda.family_constraints(P, th, "theta3")
+
+
 # ----------------------------------------------------------------------------- Bayes heads
 
 

@@ -34,6 +34,10 @@ steep it is, with derivatives of every order that stay smooth where those
 projections are rank-deficient (:math:`\theta = 0`, :math:`s = 0`,
 :math:`s \parallel w`); see :func:`risk`.
 
+Geometry of the minimizers (Thm 3.5): :func:`family_constraints` (the equations of
+:math:`\Theta_1` and :math:`\Theta_2`) and :func:`risk_hessian` (the Hessian of
+:func:`risk` in the flat parameters).
+
 Training (Thms 3.5–3.6, Figures 1, 4, 5): :func:`gradient_descent` (population
 gradient descent on :func:`risk`) and :func:`sgd` (stochastic gradients on sampled
 minibatches), both through :func:`gmlib.optimize` (an optax optimizer, a compiled
@@ -46,7 +50,16 @@ risk (``_risk``; its quadrature is in :mod:`gmlib.quadrature`), training (``_tra
 
 from gmlib.lda._problem import HeadParams, LDAProblem, prompt_sampler
 from gmlib.lda._risk import DEFAULT_NODES as DEFAULT_NODES
-from gmlib.lda._risk import bayes_head, effective, effective_risk, predict, risk, to_attention
+from gmlib.lda._risk import (
+    bayes_head,
+    effective,
+    effective_risk,
+    family_constraints,
+    predict,
+    risk,
+    risk_hessian,
+    to_attention,
+)
 from gmlib.lda._training import gradient_descent, sgd
 
 __all__ = [
@@ -59,6 +72,8 @@ __all__ = [
     "risk",
     "effective_risk",
     "bayes_head",
+    "family_constraints",
+    "risk_hessian",
     "gradient_descent",
     "sgd",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
 from gmlib import _checks as C
 from gmlib._dtypes import common_float_dtype
@@ -328,3 +329,81 @@ def bayes_head(problem, family: str = "theta1") -> HeadParams:
     return HeadParams(
         jnp.asarray(U11, dtype), jnp.asarray(u12, dtype), jnp.asarray(v21, dtype), jnp.asarray(v22, dtype)
     )
+
+
+# ----------------------------------------------------------------------------- geometry of the minimizers
+
+
+def _family_constraints(problem, theta, family):
+    w_star, b_star = problem.bayes_params()
+    w, b, r, s = _effective(problem, theta)
+    if family == "theta1":
+        return jnp.concatenate([w - w_star, jnp.stack([b - b_star, r])])
+    sig0 = jax.nn.sigmoid(problem.s0)
+    return jnp.concatenate([w - w_star, s, jnp.stack([b + r * sig0 - b_star])])
+
+
+def family_constraints(problem, theta, family: str = "theta1"):
+    r"""The constraints whose zero set is the family of Bayes-optimal heads :math:`\Theta_1` or :math:`\Theta_2` (Thm 3.3).
+
+    ``family="theta1"``: :math:`(w - w^\star,\ b - b^\star,\ r)`, d + 2 entries, zero on
+    :math:`\Theta_1 = \Phi^{-1}(\mathcal E_1)`. ``family="theta2"``:
+    :math:`(w - w^\star,\ s,\ b + r\sigma(s_0) - b^\star)`, 2d + 1 entries, zero on
+    :math:`\Theta_2 = \Phi^{-1}(\mathcal E_2)`; :math:`(w, b, r, s) = \Phi(\theta)` as in
+    :func:`effective`. Traceable: ``jax.jacobian`` of it gives the normal space of the
+    family (its null space is the tangent space, Theorem 3.5).
+
+    Args:
+        problem: an :class:`LDAProblem` of dimension d.
+        theta: a :class:`HeadParams` of dimension d.
+        family: ``"theta1"`` or ``"theta2"``.
+
+    Returns:
+        an array of shape (d + 2,) or (2d + 1,).
+
+    Raises:
+        ValueError: for an unknown ``family``, or a ``theta`` whose shapes do not match ``problem``.
+
+    Example:
+        >>> family_constraints(c1, bayes_head(c1, "theta2"), "theta2")  # zeros, to round-off
+    """
+    C.check_choice(family, "family", ("theta1", "theta2"))
+    problem, theta = _cast(problem, _check_theta(problem, theta))
+    return _family_constraints(problem, theta, family)
+
+
+def _flat_hessian(problem, theta, n_nodes):
+    flat, unravel = ravel_pytree(theta)
+    # forward over forward: the matrix of jax.hessian, and cheaper to compile through the quadrature
+    return jax.jacfwd(jax.jacfwd(lambda v: _risk(problem, unravel(v), n_nodes)))(flat)
+
+
+_flat_hessian_jit = jax.jit(_flat_hessian, static_argnums=2)
+
+
+def risk_hessian(problem, theta, *, n_nodes: int = DEFAULT_NODES):
+    r"""The Hessian :math:`\nabla^2\mathcal R(\theta)` of :func:`risk` in the flat parameters.
+
+    The parameters are flattened as ``jax.flatten_util.ravel_pytree(theta)`` does:
+    :math:`U_{11}` row by row, then :math:`u_{12}`, :math:`v_{21}`, :math:`v_{22}`
+    (:math:`n = d^2 + 2d + 1` in all). Computed by forward-mode differentiation twice
+    through the quadrature (the matrix of ``jax.hessian``, cheaper to compile), in one
+    compiled program per dimension and ``n_nodes``.
+
+    Args:
+        problem: an :class:`LDAProblem` of dimension d.
+        theta: a :class:`HeadParams` of dimension d.
+        n_nodes: as in :func:`risk`.
+
+    Returns:
+        a symmetric array of shape (n, n).
+
+    Raises:
+        ValueError: for mismatched shapes, non-finite values or a bad ``n_nodes``.
+
+    Example:
+        >>> np.linalg.eigvalsh(risk_hessian(c1, bayes_head(c1, "theta1")))  # d^2 + d - 1 zeros
+    """
+    n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
+    problem, theta = _cast(problem, _check_theta(problem, theta))
+    return _flat_hessian_jit(problem, theta, n_nodes)
