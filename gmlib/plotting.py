@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["COLUMN_WIDTH", "MIN_FONT_PT", "PALETTE", "STYLE", "Table", "check_figure", "figure_problems",
-           "glue", "legend", "loglog_slope"]
+__all__ = ["COLUMN_WIDTH", "MIN_FONT_PT", "PALETTE", "STYLE", "Table", "animation_html", "check_figure",
+           "figure_problems", "glue", "legend", "loglog_slope"]
 
 #: Okabe–Ito colour-blind-safe palette, in the order the book uses it.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
@@ -225,3 +225,39 @@ class Table:
         cells = [self.columns, *([self._cell(v) for v in r] for r in self.rows)]
         widths = [max(len(row[j]) for row in cells) for j in range(len(self.columns))]
         return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+class _HTML:
+    """HTML that a notebook displays (``_repr_html_``); the text is ``.html``."""
+
+    def __init__(self, html: str):
+        self.html = html
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+
+def animation_html(anim, *, dpi: float = 100, max_bytes: int = 3_000_000):
+    """A ``matplotlib.animation.Animation`` as a self-contained HTML player for the page.
+
+    Rendered with ``to_jshtml`` (frames as embedded PNGs, no ffmpeg) at ``dpi`` (100: frames
+    at their displayed size), without the Font Awesome stylesheet it would fetch from a CDN
+    (the book's theme draws the buttons; elsewhere they show without icons and still work).
+
+    Returns:
+        an object a notebook shows as the player (its text is ``.html``).
+
+    Raises:
+        ValueError: when the page would carry more than ``max_bytes`` of it (fewer frames,
+            a lower ``dpi`` or a smaller figure fix that).
+    """
+    import re
+
+    import matplotlib
+
+    with matplotlib.rc_context({"savefig.dpi": dpi}):
+        html = anim.to_jshtml(default_mode="once")
+    html = re.sub(r'<link rel="stylesheet"\s+href="https?://[^"]*font-awesome[^>]*>', "", html)
+    if len(html) > max_bytes:
+        raise ValueError(f"the animation takes {len(html):,} bytes, over `max_bytes` = {max_bytes:,}")
+    return _HTML(html)

@@ -187,7 +187,8 @@ CASES: dict[str, Case] = {
     "gmlib.plotting.legend": _NO_ARRAYS,  # a figure in, a legend out
     "gmlib.plotting.check_figure": _NO_ARRAYS,
     "gmlib.plotting.figure_problems": _NO_ARRAYS,
-    "gmlib.plotting.Table": _NO_ARRAYS,  # rows of any printable values (test_plotting: a short row)
+    "gmlib.plotting.Table": _NO_ARRAYS,
+    "gmlib.plotting.animation_html": _NO_ARRAYS,  # an Animation in, HTML out  # rows of any printable values (test_plotting: a short row)
     # ---- gmlib.lda
     "gmlib.lda.LDAProblem": Case(lambda: (lda.LDAProblem, dict(
         mean_pos=np.array([1.0, 0.0]), mean_neg=np.array([0.0, 1.0]), cov=np.eye(2), p_pos=np.float64(0.6))),

@@ -145,3 +145,17 @@ def test_table_rounds_numbers_and_escapes_text():
     assert "excess &lt;risk&gt;" in html and "0.0123456" not in repr(table)
     with pytest.raises(ValueError, match="`rows`"):
         plotting.Table(["a", "b"], [(1, 2), (3,)])
+
+
+def test_animation_html_is_self_contained_and_bounded(styled):
+    from matplotlib.animation import FuncAnimation
+
+    fig, ax = styled.subplots()
+    (line,) = ax.plot([], [])
+    ax.set(xlim=(0, 3), ylim=(0, 9))
+    anim = FuncAnimation(fig, lambda i: line.set_data(range(i + 1), [k * k for k in range(i + 1)]), frames=3)
+    html = plotting.animation_html(anim).html
+    assert "_anim_img" in html and html.count("data:image/png;base64") >= 3  # the frames are embedded
+    assert "font-awesome" not in html and "https://" not in html  # nothing fetched from outside the page
+    with pytest.raises(ValueError, match="`max_bytes`"):
+        plotting.animation_html(anim, max_bytes=len(html) // 2)
