@@ -216,9 +216,10 @@ class GaussianMixture:
         """log N(z; m_k, Gamma_k) for every point and component, shape (n, M)."""
         chol = jnp.linalg.cholesky(self.covs)  # (M, D, D)
         diff = z[:, None, :] - self.means[None, :, :]  # (n, M, D)
-        sol = jax.scipy.linalg.solve_triangular(
-            chol[None], diff[..., None], lower=True
-        )[..., 0]  # (n, M, D)
+        # the points as right-hand sides, one batch per component: (M, D, n), equal batch
+        # dimensions (jax before 0.10 does not broadcast them)
+        sol = jax.scipy.linalg.solve_triangular(chol, jnp.moveaxis(diff, 0, -1), lower=True)
+        sol = jnp.moveaxis(sol, -1, 0)  # (n, M, D)
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), axis=-1)
         return -0.5 * (jnp.sum(sol**2, axis=-1) + logdet + self.dim * jnp.log(2 * jnp.pi))
 

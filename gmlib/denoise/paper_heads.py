@@ -204,7 +204,7 @@ def single_head_bayes(problem: DenoisingProblem) -> Heads:
         tol = _tol(problem.dtype)
         mu = np.asarray(problem.means, dtype=np.float64)
         sin2 = 1.0 - (mu[0] @ mu[1]) ** 2 / ((mu[0] @ mu[0]) * (mu[1] @ mu[1]))
-        collinear = sin2 < np.finfo(np.dtype(problem.dtype)).eps ** (2.0 / 3.0)
+        collinear = sin2 < float(np.finfo(np.dtype(problem.dtype)).eps) ** (2.0 / 3.0)  # a weak Python float
         if g <= tol * x:
             if problem.dim < 2:
                 raise ValueError("`problem` needs d >= 2 for a single head at gamma = 0: in d = 1 the head's "
