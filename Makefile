@@ -25,7 +25,7 @@ JOBS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 # Chapters executed at once (tests/execute_chapters.py, tests/nbval_chapters.py): one kernel each.
 EXEC_JOBS ?= $(JOBS)
 
-.PHONY: book test unit nbval strict bench site-check twins format tools clean help
+.PHONY: book test unit nbval strict lowest bench site-check twins format tools clean help
 
 help:
 	@echo "make book   build the HTML book into _build/html (executes every chapter)"
@@ -36,6 +36,7 @@ help:
 	@echo "make nbval NB=book/03_lda_landscape.ipynb   re-execute some notebooks through nbval,"
 	@echo "            comparing outputs with the last build's where it has them (else only run)"
 	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
+	@echo "make lowest the smoke tests and chapter 1 at the lowest versions pyproject.toml declares"
 	@echo "make bench  the benchmark table (ratios against baselines measured in the same run)"
 	@echo "make site-check  open every page of the built book in headless Chromium"
 	@echo "make twins  regenerate each chapter's .ipynb from its MyST .md twin"
@@ -112,6 +113,22 @@ strict: $(STAMP) $(MATHJAX)
 	rm -rf _build
 	$(BIN)/python tests/execute_chapters.py --jobs $(EXEC_JOBS)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
+
+# The lower bounds pyproject.toml declares, tested: a fresh venv with gmlib's own dependencies
+# at exactly those versions (tests/lowest_constraints.py; everything else at the newest version
+# compatible with them), then the smoke tests (`-m smoke`, in the files that mark some) and
+# chapter 1, executed through nbval-lax (other versions print other digits: nothing compared).
+LOWEST := $(VENV)/lowest
+lowest:
+	rm -rf $(LOWEST) && $(PYTHON) -m venv $(LOWEST)
+	$(PYTHON) tests/lowest_constraints.py > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/python -m pip install -q --disable-pip-version-check -c $(LOWEST)/constraints.txt \
+		-e . pytest hypothesis nbval ipykernel
+	$(LOWEST)/bin/python -m pip list --disable-pip-version-check 2>/dev/null | \
+		grep -i -E '^(jax|jaxlib|numpy|scipy|matplotlib|optax|tqdm) '
+	$(LOWEST)/bin/python -m pytest -m smoke -q $$(grep -l "pytest.mark.smoke" tests/test_*.py)
+	env -u MPLBACKEND $(LOWEST)/bin/python -m pytest book/01_gaussian_prompts.ipynb --nbval-lax \
+		--nbval-current-env --nbval-cell-timeout=600 -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
