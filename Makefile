@@ -7,7 +7,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TOOLS  := $(VENV)/tools
-NOTEBOOKS := $(sort $(wildcard book/[0-9][0-9]_*.ipynb)) book/template.ipynb
+CHAPTERS  := $(sort $(wildcard book/[0-9][0-9]_*.ipynb))
+NOTEBOOKS := $(CHAPTERS) book/template.ipynb
 export JAX_PLATFORMS ?= cpu
 # XLA's compilation dominates most chapters' and tests' time: compiled programs are kept on
 # disk and reused by the next process that compiles the same program (the second execution of
@@ -21,20 +22,22 @@ export PYTHONHASHSEED := 0
 # Processes run side by side: one per core, at most 4 (a chapter's kernel peaks at about
 # 3.5 GB). The work is CPU-bound throughout, so more than one per core gains nothing.
 JOBS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
-# Chapters executed at once (tests/execute_chapters.py, tests/reproducibility.py): one kernel each.
+# Chapters executed at once (tests/execute_chapters.py, tests/nbval_chapters.py): one kernel each.
 EXEC_JOBS ?= $(JOBS)
 
-.PHONY: book test unit nbval strict bench site-check repro twins format tools clean help
+.PHONY: book test unit nbval strict lowest bench site-check twins format tools clean help
 
 help:
 	@echo "make book   build the HTML book into _build/html (executes every chapter)"
 	@echo "make test   unit tests, then the strict build (every chapter executed once, its"
-	@echo "            asserts checked), then a second execution compared with the first"
+	@echo "            asserts checked), then nbval: every chapter executed again and its"
+	@echo "            outputs compared with the build's (tests/nbval_sanitize.cfg)"
 	@echo "make unit   the unit tests and the book's invariants only (no notebook executed)"
-	@echo "make nbval NB=book/03_lda_landscape.ipynb   execute some notebooks through nbval"
+	@echo "make nbval NB=book/03_lda_landscape.ipynb   re-execute some notebooks through nbval,"
+	@echo "            comparing outputs with the last build's where it has them (else only run)"
 	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
+	@echo "make lowest the smoke tests and chapter 1 at the lowest versions pyproject.toml declares"
 	@echo "make bench  the benchmark table (ratios against baselines measured in the same run)"
-	@echo "make repro  re-execute every chapter and compare its text outputs with the last build"
 	@echo "make site-check  open every page of the built book in headless Chromium"
 	@echo "make twins  regenerate each chapter's .ipynb from its MyST .md twin"
 	@echo "make format ruff-format the code cells of every twin (book/ruff.toml), then make twins"
@@ -84,10 +87,10 @@ $(TOOLS)/.installed: | $(STAMP)
 tools: $(TOOLS)/.installed
 
 # Every chapter is executed once for the strict build (its asserts fail the build), and once
-# more by the reproducibility check, which compares the two executions' text outputs.
+# more by nbval in strict mode, which compares the two executions' outputs.
 test: unit
 	$(MAKE) --no-print-directory strict
-	$(MAKE) --no-print-directory repro
+	$(MAKE) --no-print-directory nbval NB="$(CHAPTERS)"
 
 # Test files are spread over TEST_JOBS processes (pytest-xdist, a whole file per process: the
 # programs a file compiles are reused by its own tests); TEST_JOBS=0 runs them in this process.
@@ -95,9 +98,14 @@ TEST_JOBS ?= $(JOBS)
 unit: $(STAMP) $(TOOLS)/.installed
 	$(BIN)/python -m pytest tests -q -rs $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
+# nbval in strict mode: each notebook is exported with the outputs the last build gave it (from
+# _build/.jupyter_cache) into _build/nbval/, executed again (EXEC_JOBS at a time, another
+# PYTHONHASHSEED, the build's cell timeout) and every output compared but images, after
+# tests/nbval_sanitize.cfg. A notebook the cache lacks (never built, edited since, the
+# template) is only executed. See tests/nbval_chapters.py.
 NB ?= $(NOTEBOOKS)
 nbval: $(STAMP)
-	$(BIN)/python -m pytest $(NB) --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -q
+	$(BIN)/python tests/nbval_chapters.py --jobs $(EXEC_JOBS) $(NB)
 
 # The chapters are executed EXEC_JOBS at a time into the build's jupyter-cache (a failing
 # chapter stops here, with its traceback); the build then reads every chapter from the cache.
@@ -106,14 +114,27 @@ strict: $(STAMP) $(MATHJAX)
 	$(BIN)/python tests/execute_chapters.py --jobs $(EXEC_JOBS)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
 
+# The lower bounds pyproject.toml declares, tested: a fresh venv with gmlib's own dependencies
+# at exactly those versions (tests/lowest_constraints.py; everything else at the newest version
+# compatible with them), then the smoke tests (`-m smoke`, in the files that mark some) and
+# chapter 1, executed through nbval-lax (other versions print other digits: nothing compared).
+LOWEST := $(VENV)/lowest
+lowest:
+	rm -rf $(LOWEST) && $(PYTHON) -m venv $(LOWEST)
+	$(PYTHON) tests/lowest_constraints.py > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/python -m pip install -q --disable-pip-version-check -c $(LOWEST)/constraints.txt \
+		-e . pytest hypothesis nbval ipykernel
+	$(LOWEST)/bin/python -m pip list --disable-pip-version-check 2>/dev/null | \
+		grep -i -E '^(jax|jaxlib|numpy|scipy|matplotlib|optax|tqdm) '
+	$(LOWEST)/bin/python -m pytest -m smoke -q $$(grep -l "pytest.mark.smoke" tests/test_*.py)
+	env -u MPLBACKEND $(LOWEST)/bin/python -m pytest book/01_gaussian_prompts.ipynb --nbval-lax \
+		--nbval-current-env --nbval-cell-timeout=600 -q
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 site-check: $(STAMP)
 	$(BIN)/python tests/site_check.py
-
-repro: $(STAMP)
-	$(BIN)/python tests/reproducibility.py --jobs $(EXEC_JOBS)
 
 twins: $(STAMP)
 	for md in book/[0-9][0-9]_*.md book/template.md; do \

@@ -76,6 +76,7 @@ def rel_err(out, ref):
 # ---------------------------------------------------------------------------- finite prompts: references
 
 
+@pytest.mark.smoke
 def test_softmax_attention_matches_numpy_loop():
     toks = RNG.normal(size=(257, 3))
     q = RNG.normal(size=(7, 3))
@@ -108,6 +109,7 @@ def test_float32_inputs_give_float32_outputs():
     assert population_attention(mix, q, U, V).dtype == jnp.float32
 
 
+@pytest.mark.smoke
 def test_softmax_attention_grad_matches_finite_differences():
     toks = jnp.asarray(RNG.normal(size=(64, 2)))
     q = jnp.asarray(RNG.normal(size=(3, 2)))
@@ -257,6 +259,7 @@ def test_linear_attention_is_the_second_moment_map(args, seed):
 # ---------------------------------------------------------------------------- population: references
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("make", [unequal_mixture, singular_mixture])
 def test_population_attention_closed_form(make):
     mix = make()

@@ -300,6 +300,7 @@ def test_every_public_callable_has_a_case():
     assert not missing and not stale, f"add to CASES: {missing}; remove from CASES: {stale}"
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_the_valid_call_runs(case):
     """The example call of each case is valid (so that the corruptions below test what they claim)."""

@@ -52,6 +52,7 @@ def test_two_heads_equal_bayes_on_random_problems(seed):
                                                     float(prob.gamma), float(prob.xi), z), atol=1e-10)
 
 
+@pytest.mark.smoke
 def test_two_heads_float32_jit_and_vmap():
     rng = np.random.default_rng(3)
     prob = random_equal_norm_problem(rng, 3, dtype=np.float32)

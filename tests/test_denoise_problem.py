@@ -41,6 +41,7 @@ from gmlib import denoise as dn
 # ----------------------------------------------------------------------------- the Bayes denoiser
 
 
+@pytest.mark.smoke
 def test_bayes_matches_scipy_formula_any_means():
     rng = np.random.default_rng(0)
     weights = np.array([0.2, 0.5, 0.3])
@@ -222,6 +223,7 @@ def test_excess_risk_monte_carlo_in_high_dimension_and_errors():
         dn.DenoisingProblem([1.0], [[0.0, 0.0]], 1.0, 1.0).excess_risk(lambda z: z[:, :1])
 
 
+@pytest.mark.smoke
 def test_excess_risk_is_differentiable():
     prob = dn.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], 1.0, 2.0)
 

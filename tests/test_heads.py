@@ -144,6 +144,7 @@ def test_long_prompt_approaches_the_infinite_prompt():
     np.testing.assert_allclose(apply_heads(heads, toks, q), apply_heads(heads, mix, q), atol=0.03)
 
 
+@pytest.mark.smoke
 def test_grad_vmap_jit():
     """jax.grad through the Heads pytree equals central finite differences; vmap over prompts equals the
     loop; jit equals the eager call."""

@@ -92,6 +92,7 @@ def test_bayes_params_and_score_match_numpy():
     np.testing.assert_allclose(P.bayes(x), logodds, atol=1e-12)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("cfg", [C1, HALF, SKEW])
 def test_bayes_risk_matches_scipy_quad(cfg):
     P = make(cfg)

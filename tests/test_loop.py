@@ -111,6 +111,7 @@ def _equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("opt", [optax.sgd(0.05), optax.adam(0.1)], ids=["sgd", "adam"])
 def test_optimize_deterministic_equals_the_hand_written_loop(opt):
     """loss(params): the final parameters and the mean losses per record equal the hand-written optax loop

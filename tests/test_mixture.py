@@ -53,6 +53,7 @@ def test_sampling_is_exact_on_a_singular_support():
     np.testing.assert_array_equal(np.asarray(x), np.asarray(point.means)[np.asarray(lab)])
 
 
+@pytest.mark.smoke
 def test_log_prob_against_scipy():
     from scipy.stats import multivariate_normal
 
@@ -244,6 +245,7 @@ def _fd_jacobian(f, x, h=1e-6):
     return np.stack(cols, axis=-1).reshape(np.shape(f(x)) + x.shape)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("cov", [0.49 * np.eye(3), np.diag([2.0, 2.0, 0.5]), None], ids=["sigma2-I", "pair", "full"])
 def test_psd_sqrt_derivative_at_repeated_eigenvalues(cov):
     """The Jacobian of the square root is finite and matches finite differences, σ²I included.

@@ -96,6 +96,7 @@ def styled():
     plt.close("all")
 
 
+@pytest.mark.smoke
 def test_a_figure_in_the_style_with_a_shared_legend_passes(styled):
     fig, axes = styled.subplots(1, 2)
     for ax in axes:
@@ -138,6 +139,7 @@ def test_legend_refuses_an_unknown_place(styled):
     assert plotting.legend(fig) is None  # nothing labelled
 
 
+@pytest.mark.smoke
 def test_table_rounds_numbers_and_escapes_text():
     table = plotting.Table(["L", "excess <risk>"], [(16, 0.0123456), (1024, 2.5e-5)], digits=2)
     html = table._repr_html_()

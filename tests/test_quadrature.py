@@ -37,6 +37,7 @@ def _double_factorial(k):
 # ---------------------------------------------------------------------------- Gauss-Hermite
 
 
+@pytest.mark.smoke
 def test_gauss_hermite_moments():
     nodes, weights = gauss_hermite(n_nodes=8, dim=2)
     assert nodes.shape == (64, 2) and abs(float(weights.sum()) - 1) < 1e-14
@@ -80,6 +81,7 @@ def test_mixture_expectation_exact_for_a_quadratic():
     np.testing.assert_allclose(est, A[0] @ np.asarray(mix.second_moment()) @ A[1], rtol=1e-12)
 
 
+@pytest.mark.smoke
 def test_mixture_expectation_against_monte_carlo():
     """A smooth non-polynomial function: converged quadrature within 5 standard errors of Monte Carlo."""
     mix = unequal_mixture()

@@ -27,6 +27,7 @@ def test_flat_draws_equal_jax_random(threefry_mode, shape, dtype):
     np.testing.assert_array_equal(_random.uniform(key, shape), jax.random.uniform(key, shape))  # default dtype
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("n, m", [(1, 1), (9, 3), (50, 2)])
 def test_flat_categorical_equals_jax_random(threefry_mode, n, m):
     key = jax.random.key(n * m)
