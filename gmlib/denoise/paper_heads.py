@@ -136,7 +136,7 @@ def _two_heads(p):
     K = G.T @ G
     sin2 = jnp.linalg.det(K) / (K[0, 0] * K[1, 1])
     eps = jnp.finfo(dtype).eps
-    opposite = sin2 < eps ** (2.0 / 3.0)
+    opposite = sin2 < float(eps) ** (2.0 / 3.0)  # a weak Python float (numpy 1.x: float64)
     K_safe = jnp.where(opposite, jnp.eye(2, dtype=dtype), K)  # the "double where": no NaN in any branch
     dual = G @ jnp.linalg.inv(K_safe)  # (d, 2): columns g_i with g_i . m_j = delta_ij
     p_perp = eye - dual @ G.T
@@ -204,7 +204,7 @@ def single_head_bayes(problem: DenoisingProblem) -> Heads:
         tol = _tol(problem.dtype)
         mu = np.asarray(problem.means, dtype=np.float64)
         sin2 = 1.0 - (mu[0] @ mu[1]) ** 2 / ((mu[0] @ mu[0]) * (mu[1] @ mu[1]))
-        collinear = sin2 < float(np.finfo(np.dtype(problem.dtype)).eps) ** (2.0 / 3.0)  # a weak Python float
+        collinear = sin2 < np.finfo(np.dtype(problem.dtype)).eps ** (2.0 / 3.0)
         if g <= tol * x:
             if problem.dim < 2:
                 raise ValueError("`problem` needs d >= 2 for a single head at gamma = 0: in d = 1 the head's "
