@@ -12,7 +12,7 @@ page with Playwright driving Debian's Chromium. Per page it checks that
   unrendered in the page's text (a ``$``, ``\frac``, ``\operatorname``... outside a formula:
   a formula the Markdown around it broke), and no displayed formula runs past the column in
   the 1400 px window (MathJax 3 does not break lines: a long one is cut off at the right, to
-  be scrolled; split it with ``aligned``);
+  be scrolled; split it with ``aligned``), and no table is wider than the column either;
 * no cell shows a bare value (an ``execute_result`` as plain text: ``np.float64(...)``,
   ``Array(...)``) or prints a bare number or a build-machine line;
 * the console shows no error and no script raises (page errors), except the two theme
@@ -173,7 +173,10 @@ _PAGE_STATE = """async () => {
     text: prose.textContent,
     wide: Array.from(main.querySelectorAll('mjx-container[display="true"]'))
         .filter(m => m.scrollWidth > m.clientWidth + 2)
-        .map(m => [m.scrollWidth - m.clientWidth, m.textContent.slice(0, 60)]),
+        .map(m => [m.scrollWidth - m.clientWidth, m.textContent.slice(0, 60)])
+        .concat(Array.from(main.querySelectorAll('table')).filter(t => t.closest('.bd-article')
+            && t.getBoundingClientRect().width > main.querySelector('section, .section, div').getBoundingClientRect().width + 2)
+          .map(t => [Math.round(t.getBoundingClientRect().width), 'table: ' + t.textContent.trim().slice(0, 50)])),
     figures: figures.map(i => [i.currentSrc || i.src, i.naturalWidth, i.getBoundingClientRect().width]),
     outputs: Array.from(main.querySelectorAll('.cell_output .output')).map(o =>
         [o.classList.contains('text_plain') ? 'text_plain' : (o.classList.contains('stream') ? 'stream' : 'other'),
@@ -251,8 +254,11 @@ def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
                                       f"{natural / 2:.0f} px: shrunk, its fonts fall under 9 pt")
                 for snippet in unrendered_tex(state["text"]):
                     errors.append(f"TeX left unrendered in the text: {snippet!r}")
-                for extra, tex in state["wide"]:
-                    errors.append(f"formula cut off: {extra} px past the column: {tex!r}")
+                for extra, what in state["wide"]:
+                    if what.startswith("table: "):
+                        errors.append(f"table cut off: {extra} px wide, past the column: {what[7:]!r}")
+                    else:
+                        errors.append(f"formula cut off: {extra} px past the column: {what!r}")
                 for value in bare_outputs(state["outputs"]):
                     errors.append(f"a cell shows a bare value: {value!r}")
                 for tex in state["untypeset"]:
