@@ -87,6 +87,6 @@ def run(quick: bool, log, make_test: bool = False) -> tuple[list[Table], list[Go
         tab.add("make test", fmt_time(elapsed), status)
         tab.notes.append(f"make test: {tail}")
     else:
-        tab.notes.append("`make test` timing: run with --make-test (off by default: it executes "
+        tab.notes.append("`make test` timing: run with `--make-test` (off by default: it executes "
                          "everything again).")
     return [tab], goals
