@@ -23,8 +23,13 @@ solution defines (an assert about the chapter's own variables checks the chapter
 student, and stays in the solution). The student sees ``...`` in place of the solution and
 the names the tests read. A solution in words becomes a manually graded question.
 
-    .venv/bin/python tests/course.py student [--execute] [CHAPTER.ipynb ...]
-    .venv/bin/python tests/course.py assignments [--otter PATH] [CHAPTER.ipynb ...]
+It is also the Sphinx extension (``_config.yml``: ``sphinx: local_extensions``) that puts
+the student notebooks into the built site (``student/NN_*.ipynb``) and a "Student version"
+line under the title of each chapter page (download, or open in Colab from the repository's
+``student`` branch, which the publishing workflow fills from the site's ``student/``).
+
+    make student       # = .venv/bin/python book/_ext/course.py student --execute --jobs N
+    make assignments   # = .venv/tools/otter/bin/python book/_ext/course.py assignments
 """
 
 from __future__ import annotations
@@ -45,11 +50,13 @@ import time
 import nbformat
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 STUDENT_DIR = ROOT / "_build" / "student"
 ASSIGNMENTS_DIR = ROOT / "_build" / "assignments"
 OTTER = "otter-grader==7.0.0"  # what `make assignments` installs, and Colab for grader.check
-STUDENT_BRANCH = "student"  # the branch the publishing workflow pushes _build/student/ to
+STUDENT_BRANCH = (
+    "student"  # the branch the publishing workflow pushes _build/student/ to
+)
 
 # A directive opens with a fence of 3+ backticks or colons and its name in braces.
 _OPEN = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[\w-]+)\}\s*(?P<arg>.*)$")
@@ -106,7 +113,9 @@ def split(nb) -> list:
     def keep_text(cell, lines, part):
         text = "\n".join(lines).strip("\n")
         if text.strip():
-            new = nbformat.v4.new_markdown_cell(text, metadata=copy.deepcopy(cell.metadata))
+            new = nbformat.v4.new_markdown_cell(
+                text, metadata=copy.deepcopy(cell.metadata)
+            )
             new.id = f"{cell.id}-{part}" if part else cell.id
             items.append(new)
 
@@ -124,11 +133,15 @@ def split(nb) -> list:
                     kept, part = [], part + 1
                 if m["name"] == "solution":
                     if gated is not None:
-                        raise ValueError(f"a {{solution}} inside the gated solution of {gated.label}")
+                        raise ValueError(
+                            f"a {{solution}} inside the gated solution of {gated.label}"
+                        )
                     items.append(Words(m["arg"].strip(), _body(lines[i + 1 : end])))
                 elif m["name"] == "solution-start":
                     if gated is not None:
-                        raise ValueError(f"solution-start inside the gated solution of {gated.label}")
+                        raise ValueError(
+                            f"solution-start inside the gated solution of {gated.label}"
+                        )
                     gated = Gated(m["arg"].strip())
                 else:  # solution-end
                     if gated is None:
@@ -167,11 +180,12 @@ def _title(nb) -> str:
     return ""
 
 
-def header_cell(path: pathlib.Path, nb, what: str, where: str | None = None):
+def header_cell(path: pathlib.Path, nb, what: str, colab: bool = True):
     """The Markdown cell on top of a student notebook: what it is, and a Colab link."""
-    url = colab_url(where or path.name)
+    badge = "https://colab.research.google.com/assets/colab-badge.svg"
     text = (
-        f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})\n\n"
+        f"[![Open In Colab]({badge})]({colab_url(path.name)})\n\n" if colab else ""
+    ) + (
         f"**{what}** of *{_title(nb)}* (`{path.name}`): the chapter with its exercises and "
         f"without their solutions."
     )
@@ -197,7 +211,10 @@ def solution_leftovers(nb) -> list[str]:
     found = []
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            found += [f"a {{{m}}} directive" for m in re.findall(r"\{(solution(?:-start|-end)?)\}", cell.source)]
+            found += [
+                f"a {{{m}}} directive"
+                for m in re.findall(r"\{(solution(?:-start|-end)?)\}", cell.source)
+            ]
     return found
 
 
@@ -205,28 +222,60 @@ def execute(nb, cwd: pathlib.Path, timeout: int = 600):
     """Run ``nb`` in a fresh kernel (the notebook's folder): the executed notebook, or raise."""
     from nbclient import NotebookClient
 
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(cwd)}},
+    )
     client.execute()
     return nb
 
 
-def write_students(paths, out_dir=STUDENT_DIR, run=False) -> dict[str, float]:
-    """Write each chapter's student notebook into ``out_dir``; with ``run``, execute it
-    (an exception stops everything) and return the seconds each took."""
+def write_students(paths, out_dir=STUDENT_DIR, run=False, jobs=1) -> dict[str, float]:
+    """Write each chapter's student notebook into ``out_dir``; with ``run``, execute them
+    (``jobs`` at a time, one kernel each), raise if one fails, and return the seconds each took."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    seconds = {}
+    notebooks = {}
     for path in paths:
         nb = student_notebook(path)
         if leftovers := solution_leftovers(nb):
             raise AssertionError(f"{path.name}: the student version keeps {leftovers}")
         nbformat.write(nb, out_dir / path.name)
-        if run:
-            start = time.time()
-            execute(copy.deepcopy(nb), path.parent)
-            seconds[path.name] = time.time() - start
-            print(f"{path.name}: student version executed in {seconds[path.name]:.1f} s", flush=True)
-        else:
-            print(f"{path.name}: student version written", flush=True)
+        notebooks[path] = nb
+        print(f"{path.name}: student version written to {out_dir}", flush=True)
+    if not run:
+        return {}
+
+    def run_one(path):
+        start = time.time()
+        execute(copy.deepcopy(notebooks[path]), path.parent)
+        return time.time() - start
+
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    seconds, failures = {}, []
+    with ThreadPoolExecutor(
+        max(1, jobs)
+    ) as pool:  # kernels are processes: threads suffice
+        running = {
+            pool.submit(run_one, path): path for path in sorted(paths, reverse=True)
+        }
+        for done in as_completed(running):
+            name = running[done].name
+            try:
+                seconds[name] = done.result()
+                print(
+                    f"{name}: student version executed in {seconds[name]:.1f} s",
+                    flush=True,
+                )
+            except Exception as err:  # noqa: BLE001 (reported below, then raised)
+                failures.append(f"{name}: {type(err).__name__}: {err}")
+                print(f"{name}: student version FAILED", flush=True)
+    if failures:
+        raise RuntimeError(
+            "student notebooks that do not execute:\n" + "\n".join(failures)
+        )
     return seconds
 
 
@@ -247,7 +296,11 @@ def _bound_names(tree: ast.AST) -> set[str]:
 
 
 def _loaded_names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {
+        n.id
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    }
 
 
 def _statements(source: str) -> list[tuple[ast.stmt, str]]:
@@ -307,14 +360,18 @@ def master_notebook(path: pathlib.Path, requirements: str = "requirements.txt"):
         "solutions_pdf": False,
         "generate": {"pdf": False, "filtering": False},
     }
-    cells = [_raw("# ASSIGNMENT CONFIG\n" + yaml.safe_dump(config, sort_keys=False).strip())]
-    cells.append(header_cell(path, nb, "Assignment", f"assignments/{path.name}"))
+    cells = [
+        _raw("# ASSIGNMENT CONFIG\n" + yaml.safe_dump(config, sort_keys=False).strip())
+    ]
+    cells.append(header_cell(path, nb, "Assignment", colab=False))
     init_done = False
     for item in split(nb):
         if isinstance(item, Words):
             cells += [
                 _raw(f"# BEGIN QUESTION\nname: {item.label}\nmanual: true\npoints: 1"),
-                nbformat.v4.new_markdown_cell(f"**Your answer to {item.label}** (in words):"),
+                nbformat.v4.new_markdown_cell(
+                    f"**Your answer to {item.label}** (in words):"
+                ),
                 _raw("# BEGIN SOLUTION"),
                 nbformat.v4.new_markdown_cell(item.text),
                 _raw("# END SOLUTION"),
@@ -322,23 +379,31 @@ def master_notebook(path: pathlib.Path, requirements: str = "requirements.txt"):
             ]
         elif isinstance(item, Gated):
             solution, tested, tests, reset = question(item)
-            if not tests:  # nothing to grade automatically: the words and the code are the answer
+            if (
+                not tests
+            ):  # nothing to grade automatically: the words and the code are the answer
                 cells += [
-                    _raw(f"# BEGIN QUESTION\nname: {item.label}\nmanual: true\npoints: 1"),
+                    _raw(
+                        f"# BEGIN QUESTION\nname: {item.label}\nmanual: true\npoints: 1"
+                    ),
                     _raw("# BEGIN SOLUTION"),
                     nbformat.v4.new_markdown_cell("\n".join(item.words).strip()),
                     _raw("# END SOLUTION"),
                     _raw("# END QUESTION"),
                 ]
                 continue
-            prompt = f"# {item.label}: your code here; the tests read {', '.join(tested)}"
+            prompt = (
+                f"# {item.label}: your code here; the tests read {', '.join(tested)}"
+            )
             if reset:
                 prompt += f"\n{' = '.join(reset)} = ...  # (not the chapter's values)"
             cells += [
                 _raw(f"# BEGIN QUESTION\nname: {item.label}\npoints: {len(tests)}"),
                 _raw("# BEGIN SOLUTION"),
                 nbformat.v4.new_markdown_cell("\n".join(item.words).strip()),
-                nbformat.v4.new_code_cell(f"{prompt}\n# BEGIN SOLUTION\n{solution}\n# END SOLUTION"),
+                nbformat.v4.new_code_cell(
+                    f"{prompt}\n# BEGIN SOLUTION\n{solution}\n# END SOLUTION"
+                ),
                 _raw("# END SOLUTION"),
                 _raw("# BEGIN TESTS"),
                 *[nbformat.v4.new_code_cell(test) for test in tests],
@@ -369,7 +434,7 @@ def otter_requirements() -> str:
 def otter_init_cell(path: pathlib.Path):
     """Otter's set-up, after the chapter's install cell (Colab: installs otter-grader)."""
     return nbformat.v4.new_code_cell(
-        "# otter-grader checks your answers: run grader.check(\"label\") after an exercise\n"
+        '# otter-grader checks your answers: run grader.check("label") after an exercise\n'
         "import importlib.util, subprocess, sys\n\n"
         'if "google.colab" in sys.modules and not importlib.util.find_spec("otter"):\n'
         f'    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{OTTER}"], check=True)\n'
@@ -387,34 +452,114 @@ def write_assignments(paths, out_dir=ASSIGNMENTS_DIR, otter="otter") -> None:
         (where / "master").mkdir(parents=True)
         (where / "master" / "requirements.txt").write_text(otter_requirements())
         nbformat.write(master_notebook(path), where / "master" / path.name)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        subprocess.run([otter, "assign", "--no-run-tests", str(where / "master" / path.name), str(where / "dist")],
-                       check=True, env=env, cwd=where / "master")
-        print(f"{path.name}: assignment written to {where.relative_to(ROOT)}/dist", flush=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT), os.environ.get("PYTHONPATH", "")]
+            ),
+        }
+        subprocess.run(
+            [
+                otter,
+                "assign",
+                "--no-run-tests",
+                str(where / "master" / path.name),
+                str(where / "dist"),
+            ],
+            check=True,
+            env=env,
+            cwd=where / "master",
+        )
+        print(
+            f"{path.name}: assignment written to {where}/dist",
+            flush=True,
+        )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     s = sub.add_parser("student", help="write _build/student/NN_*.ipynb")
-    s.add_argument("notebooks", nargs="*", type=pathlib.Path, help="default: every chapter")
-    s.add_argument("--execute", action="store_true", help="execute each student notebook")
+    s.add_argument(
+        "notebooks", nargs="*", type=pathlib.Path, help="default: every chapter"
+    )
+    s.add_argument(
+        "--execute", action="store_true", help="execute each student notebook"
+    )
+    s.add_argument("--jobs", type=int, default=1, help="notebooks executed at once")
     s.add_argument("--out", type=pathlib.Path, default=STUDENT_DIR)
-    a = sub.add_parser("assignments", help="write _build/assignments/NN_*/ with otter assign")
-    a.add_argument("notebooks", nargs="*", type=pathlib.Path, help="default: every chapter")
-    a.add_argument("--otter", default="otter", help="the otter executable")
+    a = sub.add_parser(
+        "assignments", help="write _build/assignments/NN_*/ with otter assign"
+    )
+    a.add_argument(
+        "notebooks", nargs="*", type=pathlib.Path, help="default: every chapter"
+    )
+    a.add_argument(
+        "--otter",
+        default=str(pathlib.Path(sys.executable).parent / "otter"),
+        help="otter's executable",
+    )
     a.add_argument("--out", type=pathlib.Path, default=ASSIGNMENTS_DIR)
     args = parser.parse_args(argv)
     paths = [p.resolve() for p in args.notebooks] or chapters()
     if args.what == "student":
-        seconds = write_students(paths, args.out, run=args.execute)
-        if seconds:
-            first = seconds.get(chapters()[0].name)
-            for name, t in seconds.items():
-                print(f"  {name}: {t:6.1f} s" + (f"  ({t / first:.1f}x chapter 1)" if first else ""))
+        seconds = write_students(paths, args.out, run=args.execute, jobs=args.jobs)
+        first = seconds.get(chapters()[0].name)
+        for name in sorted(seconds):
+            ratio = (
+                f"  ({seconds[name] / first:.1f}x chapter 1, {args.jobs} at a time)"
+                if first
+                else ""
+            )
+            print(f"  {name}: {seconds[name]:6.1f} s{ratio}")
     else:
         write_assignments(paths, args.out, otter=args.otter)
     return 0
+
+
+# --- the Sphinx extension ----------------------------------------------------------------
+
+
+def _chapter_docnames(app) -> dict[str, pathlib.Path]:
+    """docname -> notebook, for the chapters of the book (book/NN_*.ipynb)."""
+    src = pathlib.Path(app.srcdir)
+    return {
+        str(p.relative_to(src).with_suffix("")).replace(os.sep, "/"): p
+        for p in chapters()
+    }
+
+
+def _add_student_line(app, doctree) -> None:
+    """Under the title of a chapter page: the student version, to download or open in Colab."""
+    from docutils import nodes
+
+    path = _chapter_docnames(app).get(app.env.docname)
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if path is None or section is None:
+        return
+    depth = app.env.docname.count("/")
+    para = nodes.paragraph(classes=["student-version"])
+    para += nodes.strong(text="Student version")
+    para += nodes.Text(" (the exercises without their solutions): ")
+    para += nodes.reference(
+        "", "download the notebook", refuri="../" * depth + f"student/{path.name}"
+    )
+    para += nodes.Text(" or ")
+    para += nodes.reference("", "open it in Colab", refuri=colab_url(path.name))
+    para += nodes.Text(".")
+    title = next(iter(section.findall(nodes.title)))
+    title.parent.insert(title.parent.index(title) + 1, para)
+
+
+def _copy_student_notebooks(app, exception) -> None:
+    if exception is None and app.builder.format == "html":
+        write_students(chapters(), pathlib.Path(app.outdir) / "student")
+
+
+def setup(app):
+    app.connect("doctree-read", _add_student_line)
+    app.connect("build-finished", _copy_student_notebooks)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
 if __name__ == "__main__":
