@@ -53,7 +53,6 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STUDENT_DIR = ROOT / "_build" / "student"
 ASSIGNMENTS_DIR = ROOT / "_build" / "assignments"
-OTTER = "otter-grader==7.0.0"  # what `make assignments` installs, and Colab for grader.check
 STUDENT_BRANCH = (
     "student"  # the branch the publishing workflow pushes _build/student/ to
 )
@@ -432,14 +431,19 @@ def otter_requirements() -> str:
 
 
 def otter_init_cell(path: pathlib.Path):
-    """Otter's set-up, after the chapter's install cell (Colab: installs otter-grader)."""
+    """Otter's set-up, after the chapter's install cell. ``grader.check`` reads the tests
+    from the notebook's metadata, in Jupyter; where it cannot (Colab, otter missing) the
+    check cells say so and the notebook still runs to the end."""
     return nbformat.v4.new_code_cell(
-        '# otter-grader checks your answers: run grader.check("label") after an exercise\n'
-        "import importlib.util, subprocess, sys\n\n"
-        'if "google.colab" in sys.modules and not importlib.util.find_spec("otter"):\n'
-        f'    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{OTTER}"], check=True)\n'
-        "import otter\n\n"
-        f'grader = otter.Notebook("{path.name}")'
+        "# grader.check(label) runs an exercise's tests (Jupyter, with otter-grader installed)\n"
+        "try:\n"
+        "    import otter\n\n"
+        f'    grader = otter.Notebook("{path.name}")\n'
+        "except (ImportError, ValueError) as err:  # Colab, or no otter: no checks here\n"
+        '    reason = f"{type(err).__name__}: {err}"\n\n'
+        "    class grader:  # stands in for otter.Notebook\n"
+        "        def check(label):\n"
+        '            print(f"{label} is not checked here ({reason}); the autograder grades it.")\n'
     )
 
 
