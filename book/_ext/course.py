@@ -53,9 +53,8 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STUDENT_DIR = ROOT / "_build" / "student"
 ASSIGNMENTS_DIR = ROOT / "_build" / "assignments"
-STUDENT_BRANCH = (
-    "student"  # the branch the publishing workflow pushes _build/student/ to
-)
+# The branch the publishing workflow fills with the site's student/ (Colab opens from it).
+STUDENT_BRANCH = "student"
 
 # A directive opens with a fence of 3+ backticks or colons and its name in braces.
 _OPEN = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[\w-]+)\}\s*(?P<arg>.*)$")
