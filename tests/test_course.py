@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -139,3 +140,19 @@ def test_assignment_grades_solutions_and_not_blanks(path, tmp_path):
     assert sorted(reference) == sorted(blank) == sorted(gated)
     assert all(score == top > 0 for score, top in reference.values()), reference
     assert all(score == 0 for score, _ in blank.values()), blank
+
+
+def test_course_page_numbers_the_exercises_as_the_chapters_do():
+    """The course page names exercises "N.k" (the k-th exercise of chapter N) with a link to
+    its label: the number must still be the label's place in the chapter."""
+    labels = {}
+    for n, path in enumerate(course.chapters(), start=1):
+        text = "\n".join(
+            c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown"
+        )
+        for k, label in enumerate(re.findall(r"```\{exercise\}[^\n]*\n:label: ([\w-]+)", text), start=1):
+            labels[label] = f"{n}.{k}"
+    refs = re.findall(r"\{ref\}`(\d+\.\d+) <([\w-]+)>`", (BOOK / "course.md").read_text())
+    assert refs, "no exercise named on the course page"
+    for number, label in refs:
+        assert labels.get(label) == number, f"course.md calls {label} {number}; it is {labels.get(label)}"
