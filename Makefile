@@ -25,7 +25,7 @@ JOBS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 # Chapters executed at once (tests/execute_chapters.py, tests/nbval_chapters.py): one kernel each.
 EXEC_JOBS ?= $(JOBS)
 
-.PHONY: book test unit nbval strict lowest bench site-check twins format tools clean help
+.PHONY: book test unit nbval strict lowest bench site-check twins format tools student assignments clean help
 
 help:
 	@echo "make book   build the HTML book into _build/html (executes every chapter)"
@@ -41,6 +41,8 @@ help:
 	@echo "make site-check  open every page of the built book in headless Chromium"
 	@echo "make twins  regenerate each chapter's .ipynb from its MyST .md twin"
 	@echo "make format ruff-format the code cells of every twin (book/ruff.toml), then make twins"
+	@echo "make student  the chapters without solutions, _build/student/NN_*.ipynb, each executed"
+	@echo "make assignments  an otter-grader assignment per chapter, _build/assignments/NN_*/dist"
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -144,6 +146,23 @@ twins: $(STAMP)
 format: $(STAMP)
 	$(BIN)/python tests/format_chapters.py
 	$(MAKE) --no-print-directory twins
+
+# The teacher's edition (book/course.md, book/_ext/course.py): student notebooks, executed
+# EXEC_JOBS at a time (a failing one fails the target), and otter-grader assignments, made
+# with otter in a venv of its own (it brings ipywidgets, which turns the chapters' tqdm bars
+# into widgets: kept out of the book's kernel); that venv also has the book's requirements,
+# for `otter run` to grade a chapter locally (tests/test_course.py).
+OTTER := $(TOOLS)/otter
+$(OTTER)/.installed: requirements.txt | $(STAMP)
+	test -x $(OTTER)/bin/python || $(PYTHON) -m venv $(OTTER)
+	$(OTTER)/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt otter-grader==7.0.0
+	touch $@
+
+student: $(STAMP)
+	$(BIN)/python book/_ext/course.py student --execute --jobs $(EXEC_JOBS)
+
+assignments: $(OTTER)/.installed
+	PYTHONPATH=$(CURDIR) $(OTTER)/bin/python book/_ext/course.py assignments
 
 clean:
 	rm -rf _build .jax_cache
