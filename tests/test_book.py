@@ -156,6 +156,14 @@ def test_prose_quotes_glued_numbers(nb):
     assert quoted <= names, f"{nb.name}: quotes {sorted(quoted - names)} but never glues them"
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_cell_relies_on_a_trailing_semicolon(nb):
+    """A trailing ';' hides a cell's value in the build, but nbval's strict comparison runs without it
+    and sees an extra output: a cell that ends on a value assigns it (``_ = plotting.glue(...)``)."""
+    ends = [i for i, c in enumerate(jupytext.read(nb).cells) if c.cell_type == "code" and c.source.strip().endswith(";")]
+    assert not ends, f"{nb.name}: code cells {ends} end in ';'"
+
+
 MAX_OPEN_CELL = 30  # lines of a code cell shown open on the page
 _FOLDED = {"hide-input", "hide-cell", "remove-cell", "remove-input"}
 
