@@ -16,11 +16,11 @@ from gmlib.attention import (
     population_linear_attention,
     softmax_attention,
 )
-from gmlib.heads import Batch, Heads, apply_heads, init_heads
+from gmlib.heads import Batch, Heads, apply_heads, heads_from_flax, init_heads
 from gmlib.mixture import GaussianMixture, psd_sqrt
 from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [
     "Batch",
@@ -30,6 +30,7 @@ __all__ = [
     "apply_heads",
     "gates",
     "gauss_hermite",
+    "heads_from_flax",
     "init_heads",
     "linear_attention",
     "mixture_expectation",

@@ -16,7 +16,8 @@ the heads (multi-head attention as the paper writes it, its §2). :math:`T` is s
 attention (eq 1 of the paper) or linear attention, on a finite prompt (the empirical
 measure :math:`\mu_L` of L tokens) or on an infinite one (a Gaussian mixture: the closed
 form of Prop 2.1). :class:`Heads` holds the parameters, :func:`~gmlib.apply_heads` evaluates them,
-:func:`~gmlib.init_heads` draws random ones. Every construction of ``gmlib.denoise`` and
+:func:`~gmlib.init_heads` draws random ones, :func:`~gmlib.heads_from_flax` reads a standard
+attention layer (``flax.nnx.MultiHeadAttention``). Every construction of ``gmlib.denoise`` and
 ``gmlib.lda`` returns a :class:`Heads`.
 """
 
@@ -42,7 +43,7 @@ from gmlib.attention import (
 )
 from gmlib.mixture import GaussianMixture
 
-__all__ = ["Batch", "Heads", "apply_heads", "init_heads"]
+__all__ = ["Batch", "Heads", "apply_heads", "heads_from_flax", "init_heads"]
 
 _KINDS = ("softmax", "linear")
 
@@ -269,3 +270,126 @@ def init_heads(*, key, n_heads: int, dim: int, value_dim: int | None = None, out
     if residual and value_dim != dim:
         raise ValueError(f"a residual layer needs `value_dim` = `dim` = {dim}; got {value_dim}")
     return unchecked(Heads, U, V, W, bool(residual))
+
+
+def _param(variable):
+    """The array held by a flax parameter (``None`` stays ``None``)."""
+    return None if variable is None else jnp.asarray(variable[...])
+
+
+def heads_from_flax(layer, *, residual: bool = False, readout=None, constant_token: bool = False) -> Heads:
+    r"""A standard attention layer (``flax.nnx.MultiHeadAttention``) as the book's :class:`Heads`.
+
+    A standard layer of H heads of size :math:`d_k` projects a query :math:`z` and the
+    tokens :math:`z_i` to :math:`q_h = W_{Q,h}^\top z + b_{Q,h}`, :math:`k_{h,i} = W_{K,h}^\top z_i + b_{K,h}`,
+    :math:`v_{h,i} = W_{V,h}^\top z_i + b_{V,h}` and returns
+    :math:`\sum_h W_{O,h}^\top \sum_i \operatorname{softmax}_i(q_h^\top k_{h,i}/\sqrt{d_k})\, v_{h,i} + b_O`.
+    Without biases, head h is the theory's head (eq 1 of the paper) with
+
+    .. math::
+
+        U_h = W_{K,h} W_{Q,h}^\top / \sqrt{d_k}, \qquad V_h = W_{O,h}^\top W_{V,h}^\top,
+
+    so that :math:`U_h` has rank at most :math:`d_k` (a head size below D limits it). With
+    biases, ``constant_token=True`` reads the layer on tokens and queries augmented with a
+    constant coordinate 1 (:func:`gmlib.denoise.augment`): the query bias becomes the last
+    column of :math:`U_h` (a score linear in the token), the key bias its last row (the
+    same for every token: softmax ignores it), the value and output biases the last column
+    of :math:`V_h` (the attention weights sum to 1). With ``residual`` and ``readout``
+    (an ``nnx.Linear`` R, bias :math:`b_R`) the heads compute the block
+    :math:`R\,(z + \mathrm{layer}(z)) + b_R` of a one-layer transformer, through the output
+    map :math:`W_{\mathrm{out}}` of :class:`Heads`.
+
+    Exactness: ``gmlib.apply_heads(heads_from_flax(layer), tokens, queries)`` equals
+    ``layer(queries, tokens, tokens)`` (with ``augment`` on both inputs when
+    ``constant_token``), up to the round-off of the layer's dtype; a test checks it in
+    float32 and float64 for several head counts, head sizes and grouped key-value heads.
+    Dropout is left out (the layer as called with ``deterministic=True``). Traceable: under
+    ``jit`` or ``grad`` (e.g. inside a training metric) it reads the traced parameters.
+
+    Args:
+        layer: a ``flax.nnx.MultiHeadAttention`` with the default ``attention_fn``, no
+            ``normalize_qk``, no ``decode``, and keys in the queries' space
+            (``in_kv_features`` = ``in_features``).
+        residual: add the query to the layer's output (needs ``out_features`` =
+            ``in_features``).
+        readout: ``None`` or an ``nnx.Linear`` applied last (its ``in_features`` =
+            ``out_features`` of the layer).
+        constant_token: read the biases through a constant coordinate (required when the
+            layer or the readout has biases; the heads then act on dimension D + 1).
+
+    Returns:
+        a :class:`Heads` on dimension D (D + 1 with ``constant_token``), U of shape (H, ·, ·);
+        without ``residual`` or ``readout`` the heads are summed (no output map).
+
+    Raises:
+        ValueError: naming the argument: ``layer`` not an ``nnx.MultiHeadAttention`` or
+            with a feature the theory's heads cannot express (``normalize_qk``, another
+            ``attention_fn``, ``decode``, keys of another dimension); biases without
+            ``constant_token`` (build the layer with ``use_bias=False``, or pass
+            ``constant_token=True`` and augment tokens and queries); ``residual`` with
+            ``out_features`` ≠ ``in_features``; a ``readout`` that is not an ``nnx.Linear``
+            of the right size. ImportError when flax is not installed (``pip install
+            gmlib[flax]``).
+
+    Example:
+        >>> layer = nnx.MultiHeadAttention(2, 3, qkv_features=4, use_bias=False, decode=False, rngs=nnx.Rngs(0))
+        >>> heads = gmlib.heads_from_flax(layer)  # U: (2, 3, 3) of rank <= 2
+        >>> gmlib.apply_heads(heads, tokens, queries)  # == layer(queries, tokens, tokens)
+    """
+    from flax import nnx  # optional: gmlib[flax]
+
+    if not isinstance(layer, nnx.MultiHeadAttention):
+        raise ValueError(f"`layer` must be a flax.nnx.MultiHeadAttention; got {type(layer).__name__}")
+    unsupported = {"normalize_qk": layer.normalize_qk, "decode": bool(layer.decode),
+                   "attention_fn": layer.attention_fn is not nnx.dot_product_attention,
+                   "in_kv_features": layer.in_kv_features != layer.in_features}
+    if any(unsupported.values()):
+        raise ValueError(f"`layer` uses what one layer of the theory's heads cannot express: "
+                         f"{[k for k, v in unsupported.items() if v]} (use the defaults: normalize_qk=False, "
+                         f"decode=False, attention_fn=nnx.dot_product_attention, in_kv_features=in_features)")
+    D, H, dk, d_out = layer.in_features, layer.num_heads, layer.head_dim, layer.out_features
+    if readout is not None and (not isinstance(readout, nnx.Linear) or readout.in_features != d_out):
+        raise ValueError(f"`readout` must be None or an nnx.Linear with in_features = {d_out} (the layer's "
+                         f"out_features); got {type(readout).__name__}")
+    if residual is not bool(residual) or (residual and d_out != D):
+        raise ValueError(f"`residual` must be True or False, True only with out_features = in_features = {D}; "
+                         f"got {residual!r} with out_features = {d_out}")
+    q, k, v, o = (layer.query, layer.key, layer.value, layer.out)
+    biases = [_param(m.bias) for m in (q, k, v, o)] + [None if readout is None else _param(readout.bias)]
+    if any(b is not None for b in biases) and not constant_token:
+        raise ValueError("`constant_token` must be True for a layer (or readout) with biases: pass "
+                         "constant_token=True and augment tokens and queries (gmlib.denoise.augment), or build "
+                         "the layer with use_bias=False")
+    if constant_token is not bool(constant_token):
+        raise ValueError(f"`constant_token` must be True or False; got {constant_token!r}")
+    bq, bk, bv, bo, br = biases
+    kv = np.arange(H) // (H // getattr(layer, "num_kv_heads", H))  # grouped keys and values: head h reads kv[h]
+    Wq, Wk, Wv, Wo = _param(q.kernel), _param(k.kernel)[:, kv], _param(v.kernel)[:, kv], _param(o.kernel)
+    dtype = common_float_dtype(Wq, Wk, Wv, Wo)
+    scale = jnp.asarray(1 / np.sqrt(dk), dtype)
+    U = jnp.einsum("ahk,bhk->hab", Wk, Wq) * scale  # (H, D, D): token index first, z'^T U z
+    V = jnp.einsum("hko,ahk->hoa", Wo, Wv)  # (H, D_out, D)
+    if constant_token:
+        zero = lambda b, shape: jnp.zeros(shape, dtype) if b is None else b  # noqa: E731
+        bq, bk, bv = zero(bq, (H, dk)), zero(bk, (H, dk))[kv], zero(bv, (H, dk))[kv]
+        top = jnp.concatenate([U, jnp.einsum("ahk,hk->ha", Wk, bq)[..., None] * scale], axis=2)
+        bottom = jnp.concatenate([jnp.einsum("bhk,hk->hb", Wq, bk), jnp.einsum("hk,hk->h", bq, bk)[:, None]],
+                                 axis=1)[:, None] * scale
+        U = jnp.concatenate([top, bottom], axis=1)
+        value_bias = jnp.einsum("hko,hk->ho", Wo, bv).at[0].add(zero(bo, (d_out,)))  # b_O once: in head 0
+        V = jnp.concatenate([V, value_bias[..., None]], axis=2)
+    if readout is None and not residual:
+        return Heads(U.astype(dtype), V.astype(dtype))
+    R = jnp.eye(d_out, dtype=dtype) if readout is None else _param(readout.kernel).T.astype(dtype)  # (D_y, D_out)
+    if not residual:  # R (sum_h V_h T_h) + b_R: the readout inside each value map, its bias in head 0
+        V = jnp.einsum("yo,hoa->hya", R, V)
+        if br is not None:
+            V = V.at[0, :, -1].add(br)
+        return Heads(U.astype(dtype), V.astype(dtype))
+    # residual: sum_h W_h (z~ + V'_h T_h) with W_h = (R, b_R)/H and V'_h = H (V_h; 0) gives
+    # R z + b_R + R sum_h V_h T_h (z~ = z, or (z, 1) with a constant token)
+    n = U.shape[-1]
+    W_h = R if not constant_token else jnp.concatenate([R, zero(br, (R.shape[0],))[:, None]], axis=1)
+    V = jnp.zeros((H, n, n), dtype).at[:, :d_out].set(H * V)
+    return Heads(U.astype(dtype), V, jnp.tile(W_h / H, (1, H)), residual=True)

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-COLAB_PACKAGES = ["jax", "numpy", "matplotlib"]  # what Colab has and gmlib needs
+COLAB_PACKAGES = ["jax", "numpy", "matplotlib", "flax"]  # what Colab has and gmlib needs (flax: chapter 9)
 RUNNER_PACKAGES = ["ipykernel", "nbclient", "nbformat"]  # to execute a notebook, as Colab's own kernel does
 KERNEL = "gmlib-colab-check"
 CHECK_CELL = (

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 TESTS = pathlib.Path(__file__).resolve().parent
-MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.train"]
+MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.train", "gmlib.transformer"]
 
 
 def _names_used(path):

@@ -375,3 +375,107 @@ def test_init_heads_keyword_only():
 def test_public_names_are_gmlib_names():
     assert gmlib.Heads is Heads and gmlib.apply_heads is apply_heads and gmlib.init_heads is init_heads
     assert all(n in gmlib.__all__ for n in ("Batch", "Heads", "apply_heads", "init_heads"))
+
+
+# ---- heads_from_flax: a flax.nnx.MultiHeadAttention read as Heads (flax is optional) ----
+
+LAYERS = [  # (heads, dim, head size, key-value heads, biases)
+    (1, 3, 3, 1, False),  # d_k = D
+    (2, 3, 2, 2, True),  # d_k < D, biases
+    (4, 4, 1, 2, True),  # rank-one U, grouped keys and values
+    (2, 5, 3, 1, False),  # one key-value head for both
+]
+
+
+def _flax_layer(nnx, H, D, dk, kv, bias, dtype, seed=3):
+    normal = nnx.initializers.normal(1.0)  # biases not zero: each one must be read
+    return nnx.MultiHeadAttention(H, D, qkv_features=H * dk, num_kv_heads=kv, use_bias=bias, decode=False,
+                                  param_dtype=dtype, bias_init=normal, rngs=nnx.Rngs(seed))
+
+
+def _layer_in_numpy(layer, queries, tokens):
+    """The layer's formula in float64 numpy, from its own parameters (flax computes its softmax in float32)."""
+    p = lambda v: None if v is None else np.asarray(v[...], np.float64)  # noqa: E731
+    H, kv = layer.num_heads, layer.num_heads // layer.num_kv_heads
+    proj = lambda m, x: np.einsum("la,ahk->lhk", x, p(m.kernel)) + (0 if m.bias is None else p(m.bias))  # noqa: E731
+    q = proj(layer.query, _np(queries))
+    k, v = (np.repeat(proj(m, _np(tokens)), kv, axis=1) for m in (layer.key, layer.value))
+    w = _softmax(np.einsum("qhk,lhk->hql", q, k) / np.sqrt(layer.head_dim))
+    out = np.einsum("hql,lhk,hko->qo", w, v, p(layer.out.kernel))
+    return out + (0 if layer.out.bias is None else p(layer.out.bias))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("H, D, dk, kv, bias", LAYERS)
+def test_heads_from_flax_equals_the_layer(H, D, dk, kv, bias, dtype):
+    """apply_heads(heads_from_flax(layer)) is the layer (for one layer: its residual block, its readout) exactly."""
+    nnx = pytest.importorskip("flax.nnx")
+    from gmlib.denoise import augment
+
+    layer = _flax_layer(nnx, H, D, dk, kv, bias, dtype)
+    readout = nnx.Linear(D, 2, param_dtype=dtype, bias_init=nnx.initializers.normal(1.0), rngs=nnx.Rngs(4))
+    tokens = np.asarray(jax.random.normal(jax.random.key(0), (7, D)), dtype)
+    queries = np.asarray(jax.random.normal(jax.random.key(1), (5, D)), dtype)
+    with jax.numpy_dtype_promotion("standard"):  # flax casts to float32 inside, which strict promotion refuses
+        flax_out = np.asarray(layer(queries, tokens, tokens), np.float64)
+    formula = _layer_in_numpy(layer, queries, tokens)
+    blocks = [(False, False), (True, False), (False, True), (True, True)] if H == 2 and bias else [(False, False)]
+    for residual, with_readout in blocks:
+        constant = bias or with_readout
+        heads = gmlib.heads_from_flax(layer, residual=residual, readout=readout if with_readout else None,
+                                      constant_token=constant)
+        lift = augment if constant else (lambda x: x)
+        got = _np(apply_heads(heads, lift(tokens), lift(queries)))
+        assert heads.dtype == dtype and heads.dim == D + constant
+        for ref, exact in ((formula, dtype == np.float64), (flax_out, False)):
+            ref = ref + (_np(queries) if residual else 0)
+            if with_readout:
+                ref = ref @ _np(readout.kernel[...]) + _np(readout.bias[...])
+            # float64: the formula to round-off; the flax layer only to float32's (its softmax runs in float32)
+            rtol = 1e-12 if exact else 2e-5
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
+
+
+def test_heads_from_flax_reads_the_theory_matrices():
+    """U_h = W_K W_Q^T / sqrt(d_k) has rank d_k < D; V_h = W_O^T W_V^T; and it runs under jit and grad."""
+    nnx = pytest.importorskip("flax.nnx")
+    layer = _flax_layer(nnx, 2, 4, 1, 2, False, np.float64)
+    heads = gmlib.heads_from_flax(layer)
+    Wq, Wk, Wv, Wo = (np.asarray(m.kernel[...]) for m in (layer.query, layer.key, layer.value, layer.out))
+    np.testing.assert_allclose(_np(heads.U[1]), Wk[:, 1] @ Wq[:, 1].T, rtol=1e-13)  # 1/sqrt(1)
+    np.testing.assert_allclose(_np(heads.V[0]), Wo[0].T @ Wv[:, 0].T, rtol=1e-13)
+    assert [np.linalg.matrix_rank(_np(u), tol=1e-10) for u in heads.U] == [1, 1]
+    graph, state = nnx.split(layer)
+    tokens = jax.random.normal(jax.random.key(0), (6, 4))
+
+    def through_heads(state):
+        return apply_heads(gmlib.heads_from_flax(nnx.merge(graph, state)), tokens, tokens[:2]).sum()
+
+    def through_layer(state):
+        return nnx.merge(graph, state)(tokens[:2], tokens, tokens).sum()
+
+    with jax.numpy_dtype_promotion("standard"):  # flax casts to float32 inside
+        g_heads, g_layer = jax.jit(jax.grad(through_heads))(state), jax.grad(through_layer)(state)
+    for a, b in zip(jax.tree.leaves(g_heads), jax.tree.leaves(g_layer)):
+        np.testing.assert_allclose(_np(a), _np(b), rtol=1e-4, atol=1e-6)
+
+
+def test_heads_from_flax_rejects_what_heads_cannot_express():
+    nnx = pytest.importorskip("flax.nnx")
+    rngs = nnx.Rngs(0)
+    plain = nnx.MultiHeadAttention(2, 4, use_bias=False, decode=False, rngs=rngs)
+    cases = [
+        (dict(layer=nnx.Linear(4, 4, rngs=rngs)), "`layer` must be"),
+        (dict(layer=nnx.MultiHeadAttention(2, 4, use_bias=False, normalize_qk=True, decode=False, rngs=rngs)),
+         "normalize_qk"),
+        (dict(layer=nnx.MultiHeadAttention(2, 4, in_kv_features=3, use_bias=False, decode=False, rngs=rngs)),
+         "in_kv_features"),
+        (dict(layer=nnx.MultiHeadAttention(2, 4, decode=False, rngs=rngs)), "`constant_token` must be True"),
+        (dict(layer=plain, readout=nnx.Linear(4, 2, rngs=rngs)), "`constant_token` must be True"),
+        (dict(layer=plain, readout=nnx.Linear(3, 2, use_bias=False, rngs=rngs)), "`readout` must be"),
+        (dict(layer=nnx.MultiHeadAttention(2, 4, out_features=3, use_bias=False, decode=False, rngs=rngs),
+              residual=True), "`residual` must be"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            gmlib.heads_from_flax(**kwargs)

@@ -294,7 +294,9 @@ def task_excess(heads: Heads, batch: Batch, gamma, xi, *, kind: str = "softmax",
         \frac1Q \sum_{q=1}^Q \big\|f[\mu](z_{b,q}) - \mathbb E[X \mid Z = z_{b,q}, \tau_b]\big\|^2,
 
     with :math:`f` = ``gmlib.apply_heads(heads, ...)`` (its output map and residual flag are
-    the ``heads``'s, e.g. :func:`in_context_heads`) and :math:`\mu` the prompt's tokens
+    the ``heads``'s, e.g. :func:`in_context_heads`), or any predictor
+    ``heads(prompt, queries, mask)`` (e.g. a trained network of :mod:`gmlib.transformer`,
+    as a ``jax.tree_util.Partial`` so that its parameters are data), and :math:`\mu` the prompt's tokens
     (under ``batch.mask``), or with ``infinite=True`` the task's noisy law
     :math:`\mu_Z^{\tau_b}` itself (:math:`L = \infty`, exact in the prompt). Averaged over
     prompts, the first is the excess risk at the prompt length L and the second at
@@ -302,27 +304,34 @@ def task_excess(heads: Heads, batch: Batch, gamma, xi, *, kind: str = "softmax",
     loss or metric can call it.
 
     Args:
-        heads: a :class:`gmlib.Heads` on dimension d with output dimension d.
+        heads: a :class:`gmlib.Heads` on dimension d with output dimension d, or a
+            predictor ``f(prompt (L, d), queries (Q, d), mask) -> (Q, d)``.
         batch: a :class:`gmlib.Batch` of :func:`task_sampler`.
         gamma, xi: the noise levels of the tasks (those of the sampler).
-        kind: ``"softmax"`` or ``"linear"``.
-        infinite: evaluate on the infinite prompts.
+        kind: ``"softmax"`` or ``"linear"`` (for :class:`gmlib.Heads`).
+        infinite: evaluate on the infinite prompts (:class:`gmlib.Heads` only).
 
     Returns:
         array (B,): the excess of each prompt (its mean over prompts estimates the excess
         risk; its standard deviation over :math:`\sqrt B` is the Monte Carlo error).
 
     Raises:
-        ValueError: what ``gmlib.apply_heads`` raises (naming ``kind``, ``heads``, ...).
+        ValueError: what ``gmlib.apply_heads`` raises (naming ``kind``, ``heads``, ...); naming
+            ``heads`` for a predictor that is not callable, or a predictor with ``infinite``.
 
     Example:
         >>> batch = denoise.task_sampler(0.5, 1.0, 2, n_queries=8)(jax.random.key(0), 64, 200)
         >>> denoise.task_excess(denoise.in_context_heads(0.5, 1.0, 2), batch, 0.5, 1.0).mean()
     """
     means, weights = batch.aux
+    if not isinstance(heads, Heads) and (not callable(heads) or infinite):
+        raise ValueError(f"`heads` must be a gmlib.Heads, or a predictor f(prompt, queries, mask) without "
+                         f"`infinite`; got {type(heads).__name__} with infinite={infinite}")
 
     def one(prompt, queries, m, w):
         problem = DenoisingProblem(w, m, gamma, xi)
+        if not isinstance(heads, Heads):
+            return jnp.mean(jnp.sum((heads(prompt, queries, batch.mask) - problem.bayes(queries)) ** 2, -1))
         pred = apply_heads(heads, problem.noisy if infinite else prompt, queries, kind=kind,
                            mask=None if infinite else batch.mask)
         return jnp.mean(jnp.sum((pred - problem.bayes(queries)) ** 2, -1))
@@ -337,7 +346,8 @@ def _by_length(heads, batch, gamma, xi, lengths, kind):
     def at(length):
         return task_excess(heads, batch._replace(mask=positions < length), gamma, xi, kind=kind)
 
-    return jax.vmap(at)(lengths), task_excess(heads, batch, gamma, xi, kind=kind, infinite=True)
+    population = task_excess(heads, batch, gamma, xi, kind=kind, infinite=True) if isinstance(heads, Heads) else None
+    return jax.vmap(at)(lengths), population
 
 
 def excess_by_length(heads: Heads, batch: Batch, gamma, xi, *, lengths, kind: str = "softmax"):
@@ -354,14 +364,17 @@ def excess_by_length(heads: Heads, batch: Batch, gamma, xi, *, lengths, kind: st
     prompts with a paired standard error.
 
     Args:
-        heads: a :class:`gmlib.Heads` on dimension d with output dimension d.
+        heads: a :class:`gmlib.Heads` on dimension d with output dimension d, or a
+            predictor as in :func:`task_excess` (a ``jax.tree_util.Partial``: it is
+            an argument of a compiled program).
         batch: a :class:`gmlib.Batch` of :func:`task_sampler`, prompts (B, L_max, d).
         gamma, xi: the noise levels of the tasks (those of the sampler).
         lengths: prompt lengths, ints in [1, L_max], shape (n_lengths,).
         kind: ``"softmax"`` or ``"linear"``.
 
     Returns:
-        ``(at_L, at_inf)``: arrays (n_lengths, B) and (B,), each prompt's excess.
+        ``(at_L, at_inf)``: arrays (n_lengths, B) and (B,), each prompt's excess
+        (``at_inf`` is ``None`` for a predictor: only heads have an infinite prompt).
 
     Raises:
         ValueError: what ``gmlib.apply_heads`` raises (naming ``kind``, ``heads``, ...).
@@ -450,6 +463,8 @@ def plug_in_excess(batch: Batch, gamma, xi, *, length: int):
 
 def _squared_error(heads, batch, kind):
     def one(prompt, queries):
+        if callable(kind):  # a network: kind(params, prompt, queries, mask)
+            return kind(heads, prompt, queries, batch.mask)
         return apply_heads(heads, prompt, queries, kind=kind, mask=batch.mask)
 
     pred = jax.vmap(one)(batch.prompt, batch.queries)
@@ -465,7 +480,10 @@ def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, 
     ``name: (kind, start)`` of ``models`` (``kind`` ``"softmax"`` or ``"linear"``; ``start``
     ``"random"``: :func:`gmlib.init_heads` with scale ``init_scale`` and key
     ``jax.random.key(init_seeds[j])`` for seed j, or a :class:`gmlib.Heads` used for every
-    seed) minimises the squared error to the clean signal,
+    seed), or any other network: ``kind`` its forward pass
+    ``kind(params, prompt, queries, mask) -> (Q, d)`` and ``start`` a function
+    ``start(init_seed) -> params`` (e.g. :func:`gmlib.transformer.network` of a flax model),
+    minimises the squared error to the clean signal,
     :math:`\frac1{BQ}\sum_{b,q}\|f[\mu_b](z_{b,q}) - x_{b,q}\|^2`, on fresh prompts of
     :func:`task_sampler` (``batch_size`` prompts of ``n_queries`` queries per step). The
     models of one run see the same prompts: the loss of a run is the sum of the models'
@@ -475,7 +493,7 @@ def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, 
     :func:`gmlib.train.sweep`: prompts are drawn at ``max(lengths)`` tokens and masked.
 
     Args:
-        models: ``{name: (kind, start)}``.
+        models: ``{name: (kind, start)}``: heads, or a network's forward pass and start.
         gamma, xi: the noise levels of the tasks.
         dim: d.
         optimizer: an ``optax.GradientTransformation``.
@@ -514,8 +532,12 @@ def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, 
     def start(seed):
         random = init_heads(key=jax.random.key(seed), n_heads=2, dim=dim, out_dim=dim, residual=True,
                             scale=init_scale, dtype=dtype)
-        return {name: random if isinstance(st, str) and st == "random" else st.astype(dtype)
-                for name, (_, st) in models.items()}
+        def one(kind, st):
+            if callable(kind):
+                return st(seed)
+            return random if isinstance(st, str) and st == "random" else st.astype(dtype)
+
+        return {name: one(kind, st) for name, (kind, st) in models.items()}
 
     def run(key, length, heads):
         mask = jnp.arange(l_max, dtype=length.dtype) < length  # the first `length` tokens count
