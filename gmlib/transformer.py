@@ -40,8 +40,8 @@ class Transformer(nnx.Module):
     .. math::
 
         x^{(\ell)} = x^{(\ell-1)} + \mathrm{MHA}_\ell\big(n(x^{(\ell-1)});\ n(x^{(\ell-1)}_{1..L})\big),
-        \qquad x^{(\ell)} \mathrel{+}= \mathrm{MLP}_\ell\big(n'(x^{(\ell)})\big)\ \text{with ``mlp``},
 
+    then, with ``mlp``, :math:`x^{(\ell)} \leftarrow x^{(\ell)} + \mathrm{MLP}_\ell(n'(x^{(\ell)}))`,
     where every row attends to the L tokens of the prompt only (padding masked), :math:`n`
     and :math:`n'` are LayerNorms with ``layer_norm`` (pre-LN, and one more before the
     readout) or the identity, and the MLP has one hidden layer of ``4 width`` GELU units.
