@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["sweep"]
+__all__ = ["schedule", "sweep"]
 
 
 def sweep(fn: Callable, *, seeds, lengths=None, inputs=(), devices=None):
@@ -92,6 +92,40 @@ def sweep(fn: Callable, *, seeds, lengths=None, inputs=(), devices=None):
     length = None if lengths is None else put(np.repeat(np.asarray(lengths, np.int32), n_seeds)[pad])
     out = _compiled(fn)(put(seeds[pad]), length, jax.tree.map(lambda a: put(a[rows[pad]]), inputs))
     return jax.tree.map(lambda a: a[:n_runs].reshape(*grid, n_seeds, *a.shape[1:]), out)
+
+
+def schedule(*, n_steps: int, peak=2e-2, final=2e-4):
+    r"""The learning rate of the book's finite-prompt training (chapters 7 and 9): warm-up, cosine, constant.
+
+    With :math:`N` = ``n_steps``: a linear warm-up from 0 to ``peak`` over the first
+    :math:`\lfloor N/20 \rfloor` steps (5 %), a cosine decay to ``final`` at step
+    :math:`\lfloor 4N/5 \rfloor` (80 %), then ``final`` until the end, so that the last fifth
+    of a run trains at a small, constant rate.
+
+    Args:
+        n_steps: N, the steps of the run, an int ≥ 20.
+        peak: the largest rate, a positive number.
+        final: the rate of the last fifth, a positive number.
+
+    Returns:
+        an optax schedule (``step -> rate``), e.g. for ``optax.adam(train.schedule(n_steps=2000))``.
+
+    Raises:
+        ValueError: naming ``n_steps``, ``peak`` or ``final`` when out of range.
+
+    Example:
+        >>> optimizer = optax.adam(train.schedule(n_steps=2000))
+    """
+    import optax
+
+    if not isinstance(n_steps, (int, np.integer)) or n_steps < 20:
+        raise ValueError(f"`n_steps` must be an int >= 20 (5 % of it warms up); got {n_steps!r}")
+    for name, value in (("peak", peak), ("final", final)):
+        if not (np.isscalar(value) and np.isfinite(value) and value > 0):
+            raise ValueError(f"`{name}` must be a positive number; got {value!r}")
+    end = 4 * int(n_steps) // 5
+    warmup = optax.warmup_cosine_decay_schedule(0.0, peak, int(n_steps) // 20, end, final)
+    return optax.join_schedules([warmup, optax.constant_schedule(final)], [end])
 
 
 def _ints(x, name: str, max_ndim: int, low: int, high: int, rows=None) -> np.ndarray:

@@ -263,6 +263,7 @@ CASES: dict[str, Case] = {
     "gmlib.denoise.tempered_excess": _NO_ARRAYS,  # a Batch; temperatures checked by in_context_heads
     "gmlib.denoise.plug_in_excess": _NO_ARRAYS,  # a Batch
     "gmlib.denoise.train_in_context": _NO_ARRAYS,  # takes models and an optimizer
+    "gmlib.train.schedule": _NO_ARRAYS,  # numbers only, checked by name (tests/test_train.py)
     "gmlib.heads_from_flax": _NO_ARRAYS,  # takes a flax layer (tests/test_heads.py; flax is optional)
     "gmlib.denoise.iterate": Case(lambda: (denoise.iterate, dict(f=lambda z: 0.5 * z, z0=np.ones((3, 2)),
                                                                  n_steps=2)), ("z0",), ("z0",),

@@ -192,3 +192,20 @@ def test_sweep_rejects_invalid(bad, name):
     kw = {"fn": _probe, "seeds": [0, 1], **bad}
     with pytest.raises(ValueError, match=f"`{name}`"):
         train.sweep(kw.pop("fn"), **kw)
+
+
+def test_schedule_warms_up_decays_and_stays():
+    """train.schedule: 0 at step 0, the peak at 5 %, cosine down to `final` at 80 %, then `final`."""
+    from gmlib import train
+
+    lr = train.schedule(n_steps=2000, peak=2e-2, final=2e-4)
+    rate = lambda t: float(lr(t))  # noqa: E731
+    assert rate(0) == 0 and rate(50) == pytest.approx(1e-2) and rate(100) == pytest.approx(2e-2)
+    middle = 100 + (1600 - 100) // 2  # halfway down the cosine: the mean of peak and final
+    assert rate(middle) == pytest.approx((2e-2 + 2e-4) / 2, rel=1e-3)
+    assert rate(1600) == pytest.approx(2e-4) and rate(1999) == pytest.approx(2e-4)
+    assert np.all(np.diff([rate(t) for t in range(100, 1600, 50)]) < 0)
+    for kwargs, name in ((dict(n_steps=10), "n_steps"), (dict(n_steps=100.0), "n_steps"),
+                         (dict(n_steps=100, peak=0.0), "peak"), (dict(n_steps=100, final=np.nan), "final")):
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            train.schedule(**kwargs)
