@@ -7,7 +7,9 @@ Runs on prompts of different lengths share that program too: draw every prompt a
 largest length :math:`L_{\max}` and let only its first :math:`L` tokens count,
 ``mask = jnp.arange(L_max) < length`` (the ``mask`` of :class:`gmlib.Batch` and
 :func:`gmlib.apply_heads`). :func:`sweep` runs such a function over a grid of
-(prompt length, seed) and returns its results indexed by grid position.
+(prompt length, seed) and returns its results indexed by grid position;
+:func:`side_by_side` trains several models that way on the same prompts (the in-context
+training of chapters 7 and 9, where :func:`schedule` gives the learning rate).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["schedule", "sweep"]
+__all__ = ["schedule", "side_by_side", "sweep"]
 
 
 def sweep(fn: Callable, *, seeds, lengths=None, inputs=(), devices=None):
@@ -126,6 +128,105 @@ def schedule(*, n_steps: int, peak=2e-2, final=2e-4):
     end = 4 * int(n_steps) // 5
     warmup = optax.warmup_cosine_decay_schedule(0.0, peak, int(n_steps) // 20, end, final)
     return optax.join_schedules([warmup, optax.constant_schedule(final)], [end])
+
+
+def side_by_side(models, sample, loss, *, optimizer, lengths, seeds, init_seeds, n_steps: int, n_records: int = 1,
+                 random: Callable | None = None, dtype=None):
+    r"""Train several models side by side on the same prompts, for every (prompt length, seed).
+
+    A model is ``(forward, start)``. ``forward`` is ``"softmax"`` or ``"linear"`` (the
+    parameters are a :class:`gmlib.Heads`, applied by :func:`gmlib.apply_heads`) or a
+    function ``forward(params, prompt, queries, mask) -> (Q, k)`` (e.g. a network of
+    :func:`gmlib.transformer.network`); ``start`` is the parameters every seed starts from
+    (their floating leaves cast to ``dtype``), a function ``start(init_seed) -> params``, or
+    ``"random"``: ``random(init_seed)``. Run (i, j) starts from
+    ``start(init_seeds[j])``, draws each step's prompts with ``sample(key, L_max)``,
+    L_max = ``max(lengths)``, and lets their first ``lengths[i]`` tokens count (the batch's
+    ``mask``). The models of a run see the same prompts: the run's loss is the sum of
+    ``loss(predictions (B, Q, k), batch)`` over the models, so each model gets its own
+    gradient, and an optimizer that updates every parameter on its own (Adam) trains each
+    exactly as it would alone on those prompts. Every run is one :func:`gmlib.optimize`
+    call and all of them one program of :func:`sweep`, over every device it finds.
+
+    Args:
+        models: ``{name: (forward, start)}``.
+        sample: ``sample(key, prompt_length) -> gmlib.Batch`` (prompts, queries, targets).
+        loss: ``loss(predictions, batch) -> scalar``, e.g. the squared error to ``batch.targets``.
+        optimizer: an ``optax.GradientTransformation``.
+        lengths: prompt lengths, positive ints, shape (n_lengths,).
+        seeds: the key of each run: :func:`sweep`'s ``seeds``, (n_seeds,) or (n_lengths, n_seeds).
+        init_seeds: the seed of each start, ints, shape (n_seeds,).
+        n_steps: steps per run, a multiple of ``n_records``.
+        n_records: parameters kept this many times, evenly spaced (the last at the end).
+        random: ``random(init_seed) -> params``, the start called ``"random"``.
+        dtype: the floating dtype of fixed starts (default: left as they are).
+
+    Returns:
+        the :class:`gmlib.TrainResult` of :func:`sweep`, leading axes (n_lengths, n_seeds):
+        ``params[name]`` the final parameters, ``trajectory[name]`` the ``n_records`` copies
+        (axis 2).
+
+    Raises:
+        ValueError: naming ``models`` (not a dict of pairs whose forward is a known string or
+            callable), ``n_records``, ``init_seeds``, ``random`` (missing for a ``"random"``
+            start), or what :func:`gmlib.optimize` and :func:`sweep` raise.
+
+    Example:
+        >>> sampler = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)
+        >>> out = train.side_by_side(
+        ...     {"softmax": ("softmax", h0), "linear": ("linear", h0)},
+        ...     lambda key, L: sampler(key, 16, L),
+        ...     lambda pred, batch: jnp.mean((pred - batch.targets) ** 2),
+        ...     optimizer=optax.adam(train.schedule(n_steps=2000)), lengths=[16, 64],
+        ...     seeds=[[0, 1], [2, 3]], init_seeds=[0, 1], n_steps=2000)
+    """
+    from gmlib._loop import optimize
+    from gmlib.heads import apply_heads
+
+    if not isinstance(models, dict) or not models or any(
+            not (isinstance(m, tuple) and len(m) == 2 and (callable(m[0]) or m[0] in ("softmax", "linear")))
+            for m in models.values()):
+        raise ValueError(f"`models` must be a non-empty dict of (forward, start) pairs, forward \"softmax\", "
+                         f"\"linear\" or a function; got {models!r}")
+    if not isinstance(n_records, (int, np.integer)) or n_records < 1 or n_steps % n_records:
+        raise ValueError(f"`n_records` must be a positive int dividing n_steps = {n_steps}; got {n_records!r}")
+    l_max = int(np.max(lengths))
+
+    def forward(kind):
+        if callable(kind):
+            return kind
+        return lambda params, prompt, queries, mask: apply_heads(params, prompt, queries, kind=kind, mask=mask)
+
+    forwards = {name: forward(kind) for name, (kind, _) in models.items()}
+
+    def total(params, batch):
+        def predictions(name):
+            one = lambda p, q: forwards[name](params[name], p, q, batch.mask)  # noqa: E731
+            return jax.vmap(one)(batch.prompt, batch.queries)
+
+        return sum(loss(predictions(name), batch) for name in models)
+
+    def run(key, length, params):
+        mask = jnp.arange(l_max, dtype=length.dtype) < length  # the first `length` tokens count
+        return optimize(total, params, optimizer, n_steps=n_steps, record_every=n_steps // n_records,
+                        trajectory=True, key=key, sample=lambda k: sample(k, l_max)._replace(mask=mask))
+
+    def cast(x):
+        return x.astype(dtype) if dtype is not None and jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
+
+    def start(seed):
+        def one(st):
+            if isinstance(st, str) and st == "random":
+                if random is None:
+                    raise ValueError('`random` must be given for a model whose start is "random"')
+                return random(seed)
+            return st(seed) if callable(st) else jax.tree.map(cast, st)
+
+        return {name: one(st) for name, (_, st) in models.items()}
+
+    init_seeds = _ints(init_seeds, "init_seeds", 1, 0, 2**32)
+    starts = jax.tree.map(lambda *x: jnp.stack(x), *[start(int(s)) for s in init_seeds])
+    return sweep(run, seeds=seeds, lengths=lengths, inputs=(starts,))
 
 
 def _ints(x, name: str, max_ndim: int, low: int, high: int, rows=None) -> np.ndarray:

@@ -49,7 +49,7 @@ class Transformer(nnx.Module):
     block computes only the queries' rows (the tokens' rows are not read after it).
 
     Args:
-        dim: d, the dimension of tokens, queries and predictions.
+        dim: d, the dimension of tokens and queries.
         n_layers: the number of blocks.
         n_heads: heads per block.
         head_dim: :math:`d_k` (default: ``width``, full-rank :math:`U_h`).
@@ -58,6 +58,7 @@ class Transformer(nnx.Module):
         mlp: add an MLP to each block.
         layer_norm: pre-LayerNorm in each block and before the readout.
         use_bias: biases in the attention and linear maps.
+        out_dim: the dimension of the predictions (default d; 1 for a score).
         rngs: an ``nnx.Rngs``.
 
     Raises:
@@ -71,12 +72,13 @@ class Transformer(nnx.Module):
 
     def __init__(self, dim: int, *, n_layers: int = 1, n_heads: int = 2, head_dim: int | None = None,
                  width: int | None = None, mlp: bool = False, layer_norm: bool = False, use_bias: bool = False,
-                 rngs: nnx.Rngs):
+                 out_dim: int | None = None, rngs: nnx.Rngs):
         dim = C.scalar(dim, "dim", low=0, integer=True)
         n_layers = C.scalar(n_layers, "n_layers", low=0, integer=True)
         n_heads = C.scalar(n_heads, "n_heads", low=0, integer=True)
         width = dim if width is None else C.scalar(width, "width", low=0, integer=True)
         head_dim = width if head_dim is None else C.scalar(head_dim, "head_dim", low=0, integer=True)
+        out_dim = dim if out_dim is None else C.scalar(out_dim, "out_dim", low=0, integer=True)
         linear = lambda a, b: nnx.Linear(a, b, use_bias=use_bias, rngs=rngs)  # noqa: E731
         norm = lambda: nnx.LayerNorm(width, rngs=rngs) if layer_norm else None  # noqa: E731
         self.dim, self.n_layers = dim, n_layers
@@ -89,7 +91,7 @@ class Transformer(nnx.Module):
                            for _ in range(n_layers)]) if mlp else None
         self.mlp_norms = _List([norm() for _ in range(n_layers)]) if mlp and layer_norm else None
         self.final_norm = norm()
-        self.readout = linear(width, dim)
+        self.readout = linear(width, out_dim)
 
     def streams(self, prompt, queries, mask=None):
         """The residual stream after each block: a list of ``n_layers + 1`` arrays (L + Q, width).

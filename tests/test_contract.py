@@ -264,6 +264,11 @@ CASES: dict[str, Case] = {
     "gmlib.denoise.plug_in_excess": _NO_ARRAYS,  # a Batch
     "gmlib.denoise.train_in_context": _NO_ARRAYS,  # takes models and an optimizer
     "gmlib.train.schedule": _NO_ARRAYS,  # numbers only, checked by name (tests/test_train.py)
+    "gmlib.train.side_by_side": _NO_ARRAYS,  # takes models and functions (tests/test_train.py)
+    "gmlib.lda.task_sampler": _NO_ARRAYS,  # numbers only, checked by name (tests/test_lda.py)
+    "gmlib.lda.plug_in": _NO_ARRAYS,  # traceable, checks nothing: a predictor inside task_metrics
+    "gmlib.lda.task_metrics": _NO_ARRAYS,  # takes a Batch the sampler drew
+    "gmlib.lda.train_in_context": _NO_ARRAYS,  # takes models and an optimizer
     "gmlib.heads_from_flax": _NO_ARRAYS,  # takes a flax layer (tests/test_heads.py; flax is optional)
     "gmlib.denoise.iterate": Case(lambda: (denoise.iterate, dict(f=lambda z: 0.5 * z, z0=np.ones((3, 2)),
                                                                  n_steps=2)), ("z0",), ("z0",),

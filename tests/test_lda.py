@@ -943,3 +943,101 @@ def test_problem_methods_reject_invalid(prob, data):
     assert_rejects(lambda: prob.bayes_risk(**bad), name)
     name, bad = data.draw(corrupt(dict(n_samples=3), {"n_samples": INT}))
     assert_rejects(lambda: prob.sample(key=jax.random.key(0), **bad), name)
+
+
+# ----------------------------------------------------------------------------- in context (chapter 9)
+
+
+def test_task_sampler_statistics():
+    """One task per prompt: means on the sphere of the radius, balanced labels, X | Y = c ~ N(m_c, I), queries (x, 0)."""
+    b = lda.task_sampler(2, radius=1.5, n_queries=3)(jax.random.key(0), 400, 300)
+    (means,) = b.aux
+    assert b.prompt.shape == (400, 300, 3) and b.queries.shape == (400, 3, 3) and b.targets.shape == (400, 3, 1)
+    np.testing.assert_allclose(np.linalg.norm(means, axis=-1), 1.5, rtol=1e-12)
+    assert abs(float(np.mean(means[:, 0] @ np.array([1.0, 0.0])))) < 0.2  # directions uniform, not fixed
+    y = np.asarray(b.prompt[..., 2])
+    assert set(np.unique(y)) == {-1.0, 1.0}
+    np.testing.assert_allclose((y > 0).mean(), 0.5, atol=0.01)
+    centred = np.asarray(b.prompt[..., :2]) - np.where(y[..., None] > 0, means[:, None, 0], means[:, None, 1])
+    np.testing.assert_allclose(centred.reshape(-1, 2).mean(0), 0.0, atol=0.01)
+    np.testing.assert_allclose(np.cov(centred.reshape(-1, 2).T), np.eye(2), atol=0.02)
+    assert np.all(np.asarray(b.queries[..., 2]) == 0)
+    yq = np.asarray(b.targets[..., 0])
+    cq = np.asarray(b.queries[..., :2]) - np.where(yq[..., None] > 0, means[:, None, 0], means[:, None, 1])
+    np.testing.assert_allclose(np.cov(cq.reshape(-1, 2).T), np.eye(2), atol=0.15)
+
+
+@pytest.mark.parametrize("bad, name", [(dict(dim=0), "dim"), (dict(radius=-1.0), "radius"),
+                                       (dict(n_queries=0), "n_queries"), (dict(radius=np.nan), "radius")])
+def test_task_sampler_rejects_invalid(bad, name):
+    kw = dict(dim=2, radius=1.5, n_queries=2) | bad
+    with pytest.raises(ValueError, match=name):
+        lda.task_sampler(kw.pop("dim"), **kw)
+
+
+def test_plug_in_matches_numpy_and_masks():
+    """The plug-in score: class means of the tokens that count, in the Bayes formula with Γ = I, equal weights."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(30, 2)), np.where(rng.random(30) < 0.5, 1.0, -1.0)
+    q = np.concatenate([rng.normal(size=(5, 2)), np.zeros((5, 1))], axis=1)
+    prompt = np.concatenate([x, y[:, None]], axis=1)
+    mask = np.arange(30) < 17
+    for keep in (np.ones(30, bool), mask):
+        m1, m0 = x[keep & (y > 0)].mean(0), x[keep & (y < 0)].mean(0)
+        want = q[:, :2] @ (m1 - m0) - 0.5 * (m1 @ m1 - m0 @ m0)
+        got = lda.plug_in(jnp.asarray(prompt), jnp.asarray(q), jnp.asarray(keep))
+        np.testing.assert_allclose(got[:, 0], want, rtol=1e-12)
+    one_class = prompt.copy()
+    one_class[:, 2] = 1.0  # no token of label -1: its mean is 0
+    m1 = x.mean(0)
+    np.testing.assert_allclose(lda.plug_in(one_class, q)[:, 0], q[:, :2] @ m1 - 0.5 * m1 @ m1, rtol=1e-12)
+
+
+def test_task_metrics_against_numpy():
+    """Risk and accuracy per prompt, computed by hand: Bayes from the means, heads by softmax over the first L tokens,
+    a predictor; the plug-in tends to Bayes on long prompts."""
+    tests = lda.task_sampler(2, radius=1.5, n_queries=4)(jax.random.key(3), 64, 400)
+    x, y = np.asarray(tests.queries[..., :2]), np.asarray(tests.targets[..., 0])
+    (means,) = tests.aux
+
+    def by_hand(scores):
+        return np.log1p(np.exp(-y * scores)).mean(-1), (y * scores > 0).mean(-1)
+
+    w = means[:, 0] - means[:, 1]  # equal norms: no intercept
+    risk, acc = lda.task_metrics("bayes", tests, lengths=[10, 400])
+    want = by_hand(np.einsum("bqd,bd->bq", x, w))
+    for got, ref in zip((risk, acc), want):
+        np.testing.assert_allclose(got, np.broadcast_to(ref, (2, 64)), rtol=1e-10)
+    U = jnp.zeros((1, 3, 3)).at[0, :2, :2].set(0.7 * jnp.eye(2))
+    V = jnp.zeros((1, 1, 3)).at[0, 0, 2].set(3.0)
+    heads = gmlib.Heads(U, V)
+    L = 25
+    tok = np.asarray(tests.prompt[:, :L])
+    a = np.exp(0.7 * np.einsum("bqd,bld->bql", x, tok[..., :2]))
+    scores = 3.0 * (a * tok[:, None, :, 2]).sum(-1) / a.sum(-1)
+    risk, acc = lda.task_metrics(heads, tests, lengths=[L])
+    np.testing.assert_allclose(risk[0], by_hand(scores)[0], rtol=1e-10)
+    np.testing.assert_allclose(acc[0], by_hand(scores)[1], rtol=1e-12)
+    pred = jax.tree_util.Partial(lambda p, q, m: gmlib.apply_heads(heads, p, q, mask=m))
+    np.testing.assert_allclose(lda.task_metrics(pred, tests, lengths=[L])[0], risk, rtol=1e-12)
+    bayes = float(lda.task_metrics("bayes", tests, lengths=[1])[0].mean())
+    plug = np.asarray(lda.task_metrics(lda.plug_in, tests, lengths=[8, 400])[0].mean(-1))
+    assert plug[0] > plug[1] and abs(plug[1] / bayes - 1) < 0.02
+    with pytest.raises(ValueError, match="`f`"):
+        lda.task_metrics("plug-in", tests, lengths=[8])
+
+
+def test_train_in_context_lowers_the_risk_and_trains_each_model_as_alone():
+    """Side by side each model ends where it ends alone; a trained linear head beats its start on fresh prompts."""
+    kw = dict(optimizer=optax.adam(2e-2), lengths=[16], seeds=[[0, 1]], init_seeds=[3, 4], n_steps=300,
+              batch_size=16, n_queries=4)
+    both = lda.train_in_context({"lin": ("linear", "random"), "soft": ("softmax", "random")}, 2, **kw)
+    alone = lda.train_in_context({"lin": ("linear", "random")}, 2, **kw)
+    np.testing.assert_allclose(both.params["lin"].U, alone.params["lin"].U, rtol=1e-5, atol=1e-6)
+    assert both.params["lin"].V.shape == (1, 2, 1, 1, 3)  # (lengths, seeds, H, value_dim, d + 1)
+    tests = lda.task_sampler(2, n_queries=8)(jax.random.key(9), 256, 16)
+    start = gmlib.init_heads(key=jax.random.key(3), n_heads=1, dim=3, value_dim=1, scale=0.5)
+    trained = jax.tree.map(lambda a: a[0, 0].astype(jnp.float64), both.params["lin"])
+    r0 = float(lda.task_metrics(start, tests, lengths=[16], kind="linear")[0].mean())
+    r1 = float(lda.task_metrics(trained, tests, lengths=[16], kind="linear")[0].mean())
+    assert r1 < r0 - 0.05 and r1 < np.log(2)

@@ -21,7 +21,7 @@ import optax
 import pytest
 
 import gmlib
-from gmlib import train
+from gmlib import denoise, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 L_MAX, BATCH, DIM = 16, 4, 2
@@ -209,3 +209,37 @@ def test_schedule_warms_up_decays_and_stays():
                          (dict(n_steps=100, peak=0.0), "peak"), (dict(n_steps=100, final=np.nan), "final")):
         with pytest.raises(ValueError, match=f"`{name}`"):
             train.schedule(**kwargs)
+
+
+def test_side_by_side_equals_optimize_alone():
+    """A run of side_by_side is gmlib.optimize on its model's loss with the sampler's masked prompts (run by hand)."""
+    sampler = denoise.task_sampler(1.0, 1.0, 2, n_queries=2)
+    start = gmlib.init_heads(key=jax.random.key(0), n_heads=2, dim=2, out_dim=2, residual=True, scale=0.5)
+
+    def loss(pred, batch):
+        return jnp.mean((pred - batch.targets) ** 2)
+
+    out = train.side_by_side({"m": ("softmax", start)}, lambda k, L: sampler(k, 4, L), loss,
+                             optimizer=optax.adam(1e-2), lengths=[5, 9], seeds=[[1], [2]], init_seeds=[0],
+                             n_steps=10)
+    for i, L in enumerate([5, 9]):
+        mask = jnp.arange(9) < L
+
+        def by_hand(h, b):
+            pred = jax.vmap(lambda p, q: gmlib.apply_heads(h["m"], p, q, mask=b.mask))(b.prompt, b.queries)
+            return loss(pred, b)
+
+        ref = gmlib.optimize(by_hand, {"m": start}, optax.adam(1e-2), n_steps=10, key=jax.random.key(i + 1),
+                             sample=lambda k: sampler(k, 4, 9)._replace(mask=mask))
+        np.testing.assert_allclose(out.params["m"].U[i, 0], ref.params["m"].U, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("models, kw, name", [
+    ({}, {}, "models"), ({"m": ("cubic", None)}, {}, "models"), ({"m": "softmax"}, {}, "models"),
+    ({"m": ("softmax", "random")}, {"n_records": 3}, "n_records"),
+    ({"m": ("softmax", "random")}, {}, "random"),
+])
+def test_side_by_side_rejects_invalid(models, kw, name):
+    with pytest.raises(ValueError, match=name):
+        train.side_by_side(models, lambda k, L: None, lambda p, b: 0.0, optimizer=optax.sgd(0.1), lengths=[4],
+                           seeds=[0], init_seeds=[0], n_steps=10, **kw)

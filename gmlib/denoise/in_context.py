@@ -28,9 +28,8 @@ from gmlib import _random
 from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked
 from gmlib.denoise.problem import DenoisingProblem
-from gmlib._loop import optimize
 from gmlib.heads import Batch, Heads, apply_heads, init_heads
-from gmlib.train import sweep
+from gmlib.train import side_by_side
 
 __all__ = ["in_context_heads", "estimate_task", "finite_prompt_errors", "task_sampler", "task_excess",
            "excess_by_length", "tempered_excess", "plug_in_excess", "train_in_context"]
@@ -461,14 +460,8 @@ def plug_in_excess(batch: Batch, gamma, xi, *, length: int):
     return _plug_in(batch, gamma, xi, int(length))
 
 
-def _squared_error(heads, batch, kind):
-    def one(prompt, queries):
-        if callable(kind):  # a network: kind(params, prompt, queries, mask)
-            return kind(heads, prompt, queries, batch.mask)
-        return apply_heads(heads, prompt, queries, kind=kind, mask=batch.mask)
-
-    pred = jax.vmap(one)(batch.prompt, batch.queries)
-    return jnp.mean(jnp.sum((pred - batch.targets) ** 2, -1))
+def _squared_error(predictions, batch):
+    return jnp.mean(jnp.sum((predictions - batch.targets) ** 2, -1))
 
 
 def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, init_seeds, n_steps: int,
@@ -489,8 +482,8 @@ def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, 
     models of one run see the same prompts: the loss of a run is the sum of the models'
     losses, so each model gets its own gradient, and an optimizer that updates every
     parameter on its own (Adam) trains each exactly as it would alone on those prompts.
-    Every run is one :func:`gmlib.optimize` call and all of them one program of
-    :func:`gmlib.train.sweep`: prompts are drawn at ``max(lengths)`` tokens and masked.
+    The runs are those of :func:`gmlib.train.side_by_side` (one program over every device;
+    prompts drawn at ``max(lengths)`` tokens and masked).
 
     Args:
         models: ``{name: (kind, start)}``: heads, or a network's forward pass and start.
@@ -523,27 +516,13 @@ def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, 
         ...     init_seeds=[0, 1], n_steps=1000, batch_size=16, n_queries=4)
         >>> out.params["softmax"].U.shape  # (2 lengths, 2 seeds, 2 heads, d, d)
     """
-    l_max = int(np.max(lengths))
     sampler = task_sampler(gamma, xi, dim, n_queries=n_queries, dtype=dtype)
 
-    def loss(heads, batch):
-        return sum(_squared_error(heads[name], batch, kind) for name, (kind, _) in models.items())
+    def random(seed):
+        return init_heads(key=jax.random.key(seed), n_heads=2, dim=dim, out_dim=dim, residual=True, scale=init_scale,
+                          dtype=dtype)
 
-    def start(seed):
-        random = init_heads(key=jax.random.key(seed), n_heads=2, dim=dim, out_dim=dim, residual=True,
-                            scale=init_scale, dtype=dtype)
-        def one(kind, st):
-            if callable(kind):
-                return st(seed)
-            return random if isinstance(st, str) and st == "random" else st.astype(dtype)
-
-        return {name: one(kind, st) for name, (kind, st) in models.items()}
-
-    def run(key, length, heads):
-        mask = jnp.arange(l_max, dtype=length.dtype) < length  # the first `length` tokens count
-        return optimize(loss, heads, optimizer, n_steps=n_steps, record_every=n_steps // n_records,
-                        trajectory=True, key=key,
-                        sample=lambda k: sampler(k, batch_size, l_max)._replace(mask=mask))
-
-    starts = jax.tree.map(lambda *x: jnp.stack(x), *[start(int(s)) for s in np.asarray(init_seeds).ravel()])
-    return sweep(run, seeds=seeds, lengths=lengths, inputs=(starts,))
+    return side_by_side(models,
+                        lambda key, length: sampler(key, batch_size, length), _squared_error,
+                        optimizer=optimizer, lengths=lengths, seeds=seeds, init_seeds=init_seeds, n_steps=n_steps,
+                        n_records=n_records, random=random, dtype=dtype)

@@ -44,8 +44,14 @@ minibatches), both through :func:`gmlib.optimize` (an optax optimizer, a compile
 ``lax.scan`` run in chunks with an optional progress bar); both return a
 :class:`gmlib.TrainResult`.
 
+In context (chapter 9): :func:`task_sampler` draws a fresh pair of means for every
+prompt, so that the classifier must be read from the labelled tokens;
+:func:`train_in_context` trains heads and networks on such prompts side by side,
+:func:`task_metrics` scores them against each task's Bayes classifier and the plug-in
+classifier :func:`plug_in`.
+
 The module is a package: the problem and θ (``_problem``), the representation and the
-risk (``_risk``; its quadrature is in :mod:`gmlib.quadrature`), training (``_training``).
+risk (``_risk``; its quadrature is in :mod:`gmlib.quadrature`), training (``_training``), in context (``_in_context``).
 """
 
 from gmlib.lda._problem import HeadParams, LDAProblem, prompt_sampler
@@ -60,6 +66,7 @@ from gmlib.lda._risk import (
     risk_hessian,
     to_attention,
 )
+from gmlib.lda._in_context import plug_in, task_metrics, task_sampler, train_in_context
 from gmlib.lda._training import gradient_descent, sgd
 
 __all__ = [
@@ -76,4 +83,8 @@ __all__ = [
     "risk_hessian",
     "gradient_descent",
     "sgd",
+    "task_sampler",
+    "plug_in",
+    "task_metrics",
+    "train_in_context",
 ]
