@@ -140,6 +140,20 @@ class Heads:
         """The floating dtype of the parameters."""
         return self.U.dtype
 
+    @property
+    def output_maps(self) -> jax.Array:
+        r"""Each head's map from its attention-weighted tokens to the layer's output, shape (H, D_y, D).
+
+        Head h adds :math:`W_h V_h \sum_i \operatorname{softmax}_i(\cdot)\, z_i` to the output,
+        with :math:`W_h` its block of ``W_out`` (columns :math:`h D_v` to :math:`(h+1) D_v`), or
+        the identity without an output map: this is :math:`W_h V_h`. It is how much, and in which
+        directions, a head speaks (e.g. zero for a head that is switched off).
+        """
+        if self.W_out is None:
+            return self.V
+        H, D_v = self.V.shape[-3], self.V.shape[-2]
+        return jnp.einsum("yha,had->hyd", self.W_out.reshape(-1, H, D_v), self.V)
+
     def astype(self, dtype) -> Heads:
         """The same heads with every parameter cast to ``dtype``."""
         cast = lambda a: None if a is None else a.astype(dtype)  # noqa: E731

@@ -479,3 +479,22 @@ def test_heads_from_flax_rejects_what_heads_cannot_express():
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             gmlib.heads_from_flax(**kwargs)
+
+
+@pytest.mark.parametrize("out_dim, residual", [(None, False), (2, False), (3, True)])
+def test_output_maps_are_what_each_head_adds(out_dim, residual):
+    """With uniform attention (U = 0) head h adds output_maps[h] @ mean(tokens): checked head by head, by switching
+    the others off, against apply_heads."""
+    heads = gmlib.init_heads(key=jax.random.key(0), n_heads=3, dim=3, out_dim=out_dim, residual=residual)
+    heads = gmlib.Heads(jnp.zeros_like(heads.U), heads.V, heads.W_out, residual)
+    tokens = jax.random.normal(jax.random.key(1), (40, 3))
+    queries = jax.random.normal(jax.random.key(2), (5, 3))
+    maps = heads.output_maps
+    assert maps.shape == (3, heads.out_dim, 3)
+    off = gmlib.Heads(heads.U, jnp.zeros_like(heads.V), heads.W_out, residual)
+    base = gmlib.apply_heads(off, tokens, queries)  # what is left with every value map at zero
+    for h in range(3):
+        only_h = gmlib.Heads(heads.U, heads.V.at[jnp.arange(3) != h].set(0.0), heads.W_out, residual)
+        added = gmlib.apply_heads(only_h, tokens, queries) - base
+        np.testing.assert_allclose(added, jnp.broadcast_to(maps[h] @ tokens.mean(0), added.shape), rtol=1e-10,
+                                   atol=1e-12)
