@@ -263,6 +263,7 @@ CASES: dict[str, Case] = {
     "gmlib.denoise.tempered_excess": _NO_ARRAYS,  # a Batch; temperatures checked by in_context_heads
     "gmlib.denoise.plug_in_excess": _NO_ARRAYS,  # a Batch
     "gmlib.denoise.train_in_context": _NO_ARRAYS,  # takes models and an optimizer
+    "gmlib.denoise.trained_excess": _NO_ARRAYS,  # takes models, their runs and a Batch
     "gmlib.train.schedule": _NO_ARRAYS,  # numbers only, checked by name (tests/test_train.py)
     "gmlib.train.side_by_side": _NO_ARRAYS,  # takes models and functions (tests/test_train.py)
     "gmlib.lda.task_sampler": _NO_ARRAYS,  # numbers only, checked by name (tests/test_lda.py)

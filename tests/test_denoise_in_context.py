@@ -398,3 +398,40 @@ def test_train_in_context_trains_each_model_as_alone():
     assert both.params["soft"].U.dtype == jnp.float32
     np.testing.assert_allclose(both.params["soft"].U, alone.params["soft"].U, rtol=1e-5, atol=1e-6)
     assert not np.allclose(both.params["lin"].U, start.U)  # the linear model trained too
+
+
+def test_trained_excess_scores_each_run_at_its_length():
+    """Each run equals excess_by_length on the masked prompts, for heads and for a predictor."""
+    import optax
+    from jax.tree_util import Partial
+
+    from gmlib import apply_heads
+
+    kw = dict(optimizer=optax.adam(1e-2), lengths=[4, 8], seeds=[[0, 1], [2, 3]], init_seeds=[5, 6],
+              n_steps=10, batch_size=4, n_queries=2)
+
+    def forward(heads, prompt, queries, mask):  # a "network": the heads themselves, scaled
+        return 0.9 * apply_heads(heads, prompt, queries, kind="softmax", mask=mask)
+
+    start = dn.in_context_heads(1.0, 1.0, 2, temperature=0.5)
+    models = {"soft": ("softmax", "random"), "lin": ("linear", start), "net": (forward, lambda seed: start)}
+    out = dn.train_in_context(models, 1.0, 1.0, 2, **kw)
+    tests = dn.task_sampler(1.0, 1.0, 2, n_queries=3)(jax.random.key(9), 16, 10)
+    got = dn.trained_excess(models, out.params, tests, 1.0, 1.0, lengths=[4, 8])
+    for name, (kind, _) in models.items():
+        assert got[name].shape == (2, 2)
+        for i, length in enumerate([4, 8]):
+            for j in range(2):
+                run = jax.tree.map(lambda x: x[i, j].astype(jnp.float64), out.params[name])
+                f, k = (run, kind) if isinstance(kind, str) else (Partial(forward, run), "softmax")
+                want = dn.excess_by_length(f, tests, 1.0, 1.0, lengths=[length], kind=k)[0].mean()
+                np.testing.assert_allclose(got[name][i, j], want, rtol=1e-10)
+    # in float32: the same values to float32 accuracy
+    low = dn.trained_excess(models, out.params, tests, 1.0, 1.0, lengths=[4, 8], dtype=jnp.float32)
+    np.testing.assert_allclose(low["soft"], got["soft"], rtol=1e-4)
+    with pytest.raises(ValueError, match="lengths"):
+        dn.trained_excess(models, out.params, tests, 1.0, 1.0, lengths=[4, 11])
+    with pytest.raises(ValueError, match="lengths"):
+        dn.trained_excess(models, out.params, tests, 1.0, 1.0, lengths=[4])
+    with pytest.raises(ValueError, match="models"):
+        dn.trained_excess({"other": ("softmax", "random")}, out.params, tests, 1.0, 1.0, lengths=[4, 8])

@@ -36,8 +36,8 @@ What lives where (everything is imported here, ``gmlib.denoise.<name>``):
   and its tempered family), :func:`estimate_task` (the plug-in competitor),
   :func:`finite_prompt_errors` (both on one finite prompt), :func:`task_sampler` and
   :func:`task_excess` (prompts of random tasks, for training), :func:`excess_by_length`,
-  :func:`tempered_excess`, :func:`plug_in_excess` and :func:`train_in_context` (finite
-  prompts, the book's chapter 7);
+  :func:`tempered_excess`, :func:`plug_in_excess`, :func:`train_in_context` and
+  :func:`trained_excess` (finite prompts, the book's chapter 7);
 - :mod:`gmlib.denoise.iterated`: the iterated denoiser of Prop 4.3: :func:`iterate`,
   :func:`separation`, :func:`tanh_fixed_point`, :func:`cluster_limits`.
 
@@ -64,6 +64,7 @@ from gmlib.denoise.in_context import (
     task_sampler,
     tempered_excess,
     train_in_context,
+    trained_excess,
 )
 from gmlib.denoise.iterated import cluster_limits, iterate, separation, tanh_fixed_point
 from gmlib.denoise.linear import (
@@ -102,6 +103,7 @@ __all__ = [
     "tempered_excess",
     "plug_in_excess",
     "train_in_context",
+    "trained_excess",
     "iterate",
     "separation",
     "tanh_fixed_point",

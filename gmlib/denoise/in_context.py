@@ -29,10 +29,10 @@ from gmlib._dtypes import common_float_dtype
 from gmlib._pytree import unchecked
 from gmlib.denoise.problem import DenoisingProblem
 from gmlib.heads import Batch, Heads, apply_heads, init_heads
-from gmlib.train import side_by_side
+from gmlib.train import _ints, side_by_side
 
 __all__ = ["in_context_heads", "estimate_task", "finite_prompt_errors", "task_sampler", "task_excess",
-           "excess_by_length", "tempered_excess", "plug_in_excess", "train_in_context"]
+           "excess_by_length", "tempered_excess", "plug_in_excess", "train_in_context", "trained_excess"]
 
 
 def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
@@ -526,3 +526,72 @@ def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, 
                         lambda key, length: sampler(key, batch_size, length), _squared_error,
                         optimizer=optimizer, lengths=lengths, seeds=seeds, init_seeds=init_seeds, n_steps=n_steps,
                         n_records=n_records, random=random, dtype=dtype)
+
+
+@partial(jax.jit, static_argnames="kind")
+def _mean_excess(runs, batch, gamma, xi, lengths, kind):
+    positions = jnp.arange(batch.prompt.shape[1], dtype=lengths.dtype)
+
+    def at(row, length):  # the seeds of one length
+        masked = batch._replace(mask=positions < length)
+        return jax.vmap(lambda f: task_excess(f, masked, gamma, xi, kind=kind).mean())(row)
+
+    return jax.vmap(at)(runs, lengths)
+
+
+def trained_excess(models, params, batch: Batch, gamma, xi, *, lengths, dtype=None) -> dict:
+    r"""The test excess of every run of :func:`train_in_context`, each at its own prompt length.
+
+    Run (i, j) of model ``name`` (``params[name]`` at ``[i, j]``, trained at ``lengths[i]``)
+    is scored by :func:`task_excess` on the first ``lengths[i]`` tokens of the test prompts
+    ``batch``, averaged over the prompts: the excess risk :math:`\mathcal E_{L_i}` of that
+    run. The prompts are cut to ``max(lengths)`` tokens (the hidden tokens beyond cost
+    nothing) and masked below, and every run of a model is scored in one vectorised call
+    (one compiled program per model).
+
+    Args:
+        models: the ``{name: (kind, start)}`` of :func:`train_in_context`: heads (``kind``
+            ``"softmax"`` or ``"linear"``) or a network's forward pass
+            ``kind(params, prompt, queries, mask)``.
+        params: ``out.params`` of :func:`train_in_context`, leading axes (n_lengths, n_seeds).
+        batch: test prompts of :func:`task_sampler`, drawn once at ``max(lengths)`` tokens or more.
+        gamma, xi: the noise levels of the tasks.
+        lengths: the training lengths, ints, shape (n_lengths,), at most the prompts' length.
+        dtype: the floating dtype of the scoring, to which the prompts and the parameters
+            are cast (float32 is cheaper on a CPU); default: that of ``batch.prompt``.
+
+    Returns:
+        ``{name: array (n_lengths, n_seeds)}``, the mean excess of each run.
+
+    Raises:
+        ValueError: naming ``models`` (a name missing from ``params``) or ``lengths`` (not
+            ints in [1, L_max], or not one per row of ``params``); what :func:`task_excess`
+            raises.
+
+    Example:
+        >>> out = denoise.train_in_context(models, 1.0, 1.0, 2, lengths=[16, 64], ...)
+        >>> tests = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)(jax.random.key(1), 512, 64)
+        >>> denoise.trained_excess(models, out.params, tests, 1.0, 1.0, lengths=[16, 64])
+    """
+    lengths = _ints(lengths, "lengths", 1, 1, batch.prompt.shape[1] + 1)
+    missing = [name for name in models if name not in params]
+    if missing:
+        raise ValueError(f"`models` names {missing} that `params` lacks (it has {list(params)})")
+    rows = {jax.tree.leaves(params[name])[0].shape[0] for name in models}
+    if rows != {len(lengths)}:
+        raise ValueError(f"`lengths` must have one entry per row of `params` ({sorted(rows)}); got {len(lengths)}")
+
+    dtype = batch.prompt.dtype if dtype is None else dtype
+
+    def cast(x):
+        return x.astype(dtype) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
+
+    batch, gamma, xi = jax.tree.map(cast, (batch, jnp.asarray(gamma), jnp.asarray(xi)))
+    batch = batch._replace(prompt=batch.prompt[:, :lengths.max()], mask=None)
+    out = {}
+    for name, (kind, _) in models.items():
+        runs = jax.tree.map(cast, params[name])
+        runs = runs if isinstance(kind, str) else jax.tree_util.Partial(kind, runs)
+        kind = kind if isinstance(kind, str) else "softmax"
+        out[name] = np.asarray(_mean_excess(runs, batch, gamma, xi, jnp.asarray(lengths, jnp.int32), kind))
+    return out
