@@ -545,9 +545,9 @@ def trained_excess(models, params, batch: Batch, gamma, xi, *, lengths, dtype=No
     Run (i, j) of model ``name`` (``params[name]`` at ``[i, j]``, trained at ``lengths[i]``)
     is scored by :func:`task_excess` on the first ``lengths[i]`` tokens of the test prompts
     ``batch``, averaged over the prompts: the excess risk :math:`\mathcal E_{L_i}` of that
-    run. The prompts are cut to ``max(lengths)`` tokens (the hidden tokens beyond cost
-    nothing) and masked below, and every run of a model is scored in one vectorised call
-    (one compiled program per model).
+    run. The prompts are cut to ``max(lengths)`` tokens (no run reads the others, so they
+    are not computed) and masked below that, and all the runs of a model are scored in one
+    vectorised call (one compiled program per model).
 
     Args:
         models: the ``{name: (kind, start)}`` of :func:`train_in_context`: heads (``kind``
