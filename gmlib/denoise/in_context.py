@@ -591,7 +591,6 @@ def trained_excess(models, params, batch: Batch, gamma, xi, *, lengths, dtype=No
     out = {}
     for name, (kind, _) in models.items():
         runs = jax.tree.map(cast, params[name])
-        runs = runs if isinstance(kind, str) else jax.tree_util.Partial(kind, runs)
-        kind = kind if isinstance(kind, str) else "softmax"
+        runs, kind = (runs, kind) if isinstance(kind, str) else (jax.tree_util.Partial(kind, runs), "softmax")
         out[name] = np.asarray(_mean_excess(runs, batch, gamma, xi, jnp.asarray(lengths, jnp.int32), kind))
     return out
