@@ -256,6 +256,9 @@ CASES: dict[str, Case] = {
     "gmlib.denoise.estimate_task": Case(lambda: (denoise.estimate_task, dict(
         prompt=np.linspace(-2, 2, 40).reshape(20, 2), gamma=np.float64(0.5), xi=np.float64(1.0))),
         ("prompt",), ("prompt",)),
+    "gmlib.denoise.in_context_bayes": Case(lambda: (denoise.in_context_bayes, dict(
+        prompt=np.linspace(-2, 2, 40).reshape(20, 2), queries=np.ones((3, 2)), gamma=np.float64(0.5),
+        xi=np.float64(1.0), n_angles=32, n_weights=4)), ("prompt", "queries"), ("prompt", "queries")),
     "gmlib.denoise.finite_prompt_errors": _NO_ARRAYS,  # traceable, checks nothing: the task was checked
     "gmlib.denoise.task_sampler": _NO_ARRAYS,
     "gmlib.denoise.task_excess": _NO_ARRAYS,  # takes a Batch the sampler drew (inside jit)
@@ -267,6 +270,9 @@ CASES: dict[str, Case] = {
     "gmlib.train.schedule": _NO_ARRAYS,  # numbers only, checked by name (tests/test_train.py)
     "gmlib.train.side_by_side": _NO_ARRAYS,  # takes models and functions (tests/test_train.py)
     "gmlib.lda.task_sampler": _NO_ARRAYS,  # numbers only, checked by name (tests/test_lda.py)
+    "gmlib.lda.in_context_bayes": Case(lambda: (lda.in_context_bayes, dict(
+        prompt=np.linspace(-1, 1, 30).reshape(10, 3), queries=np.ones((3, 3)))), ("prompt", "queries"),
+        ("prompt", "queries")),
     "gmlib.lda.plug_in": _NO_ARRAYS,  # traceable, checks nothing: a predictor inside task_metrics
     "gmlib.lda.task_metrics": _NO_ARRAYS,  # takes a Batch the sampler drew
     "gmlib.lda.train_in_context": _NO_ARRAYS,  # takes models and an optimizer

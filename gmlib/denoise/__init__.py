@@ -38,6 +38,10 @@ What lives where (everything is imported here, ``gmlib.denoise.<name>``):
   :func:`task_excess` (prompts of random tasks, for training), :func:`excess_by_length`,
   :func:`tempered_excess`, :func:`plug_in_excess`, :func:`train_in_context` and
   :func:`trained_excess` (finite prompts, the book's chapter 7);
+- :mod:`gmlib.denoise.optimum`: :func:`in_context_bayes`, the Bayes-optimal in-context
+  denoiser (the posterior mean over tasks given the prompt: the best any predictor can do
+  from a finite prompt; quadrature in d ≤ 2, importance sampling with a standard error in
+  any d);
 - :mod:`gmlib.denoise.iterated`: the iterated denoiser of Prop 4.3: :func:`iterate`,
   :func:`separation`, :func:`tanh_fixed_point`, :func:`cluster_limits`.
 
@@ -75,6 +79,7 @@ from gmlib.denoise.linear import (
     linear_optimum,
     linear_risk,
 )
+from gmlib.denoise.optimum import in_context_bayes
 from gmlib.denoise.paper_heads import single_head_bayes, two_head_bayes
 from gmlib.denoise.problem import DenoisingProblem
 
@@ -104,6 +109,7 @@ __all__ = [
     "plug_in_excess",
     "train_in_context",
     "trained_excess",
+    "in_context_bayes",
     "iterate",
     "separation",
     "tanh_fixed_point",

@@ -48,10 +48,12 @@ In context (chapter 9): :func:`task_sampler` draws a fresh pair of means for eve
 prompt, so that the classifier must be read from the labelled tokens;
 :func:`train_in_context` trains heads and networks on such prompts side by side,
 :func:`task_metrics` scores them against each task's Bayes classifier and the plug-in
-classifier :func:`plug_in`.
+classifier :func:`plug_in`; :func:`in_context_bayes` is the best any classifier can do from
+the prompt (the posterior log-odds over tasks; the book's, not the paper's).
 
 The module is a package: the problem and θ (``_problem``), the representation and the
-risk (``_risk``; its quadrature is in :mod:`gmlib.quadrature`), training (``_training``), in context (``_in_context``).
+risk (``_risk``; its quadrature is in :mod:`gmlib.quadrature`), training (``_training``), in context (``_in_context``,
+``_optimum``).
 """
 
 from gmlib.lda._problem import HeadParams, LDAProblem, prompt_sampler
@@ -67,6 +69,7 @@ from gmlib.lda._risk import (
     to_attention,
 )
 from gmlib.lda._in_context import plug_in, task_metrics, task_sampler, train_in_context
+from gmlib.lda._optimum import in_context_bayes
 from gmlib.lda._training import gradient_descent, sgd
 
 __all__ = [
@@ -87,4 +90,5 @@ __all__ = [
     "plug_in",
     "task_metrics",
     "train_in_context",
+    "in_context_bayes",
 ]
