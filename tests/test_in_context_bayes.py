@@ -310,6 +310,21 @@ def test_the_standard_error_is_calibrated():
         assert 1 / 1.5 < ratio < 1.5, (length, ratio)
 
 
+def test_monte_carlo_on_a_long_prompt_of_overlapping_components():
+    """L = 2000 tokens of two components 0.95 rad apart (norm 2, s = 2.08): the sampler against the quadrature.
+    Its proposal starts from an EM fit, which after 50 iterations was still far from the posterior's mode
+    (then the estimate was 0.1 off, 33 standard errors)."""
+    rng = np.random.default_rng(3)
+    theta, p = rng.uniform(0, 2 * np.pi, 2), rng.uniform(0.05, 0.95)
+    means = 2.0 * np.stack([np.cos(theta), np.sin(theta)], 1)
+    labels = rng.random(2064) < p
+    z = np.where(labels[:, None], means[0], means[1]) + np.sqrt(0.8**2 + 1.2**2) * rng.standard_normal((2064, 2))
+    args = dict(gamma=0.8, xi=1.2, radius=2.0, weight_range=(0.05, 0.95))
+    quad = in_context_bayes(z[:2000], z[2000:], **args)
+    mc, se = in_context_bayes(z[:2000], z[2000:], **args, key=jax.random.key(3), n_samples=2000, return_error=True)
+    assert np.all(np.abs(np.asarray(mc) - quad) < 5 * np.asarray(se) + 2e-3)
+
+
 def test_monte_carlo_in_float32_under_jit_and_vmap():
     """d = 3 in float32, vmapped over prompts and jitted (the way a chapter scores test prompts), follows float64
     within its standard errors. Guards the draw of the proposal: on jaxlib 0.10's CPU backend a
