@@ -20,7 +20,7 @@ from gmlib.heads import Batch, Heads, apply_heads, heads_from_flax, init_heads
 from gmlib.mixture import GaussianMixture, psd_sqrt
 from gmlib.quadrature import gauss_hermite, mixture_expectation, monte_carlo_expectation
 
-__version__ = "1.4.1"
+__version__ = "1.5.0"
 
 __all__ = [
     "Batch",
