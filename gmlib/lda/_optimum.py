@@ -3,7 +3,7 @@ r"""The Bayes-optimal in-context LDA classifier: the posterior log-odds given a 
 In the tasks of :func:`gmlib.lda.task_sampler` the two class means are independent and
 uniform on a sphere, so given the prompt's labels each has a von Mises–Fisher posterior and
 the predictive log-odds of a query is a difference of log normalising constants of that
-family, :func:`log_sphere_integral`. Not in the paper: the book's reference for what any
+family, ``log_sphere_integral``. Not in the paper: the book's reference for what any
 predictor can make of L labelled tokens, beside the plug-in :func:`gmlib.lda.plug_in`.
 """
 
@@ -44,7 +44,7 @@ def in_context_bayes(prompt, queries, mask=None, *, radius=1.5):
         = \log\frac{A(r\|S_1 + x\|)}{A(r\|S_1\|)} - \log\frac{A(r\|S_{-1} + x\|)}{A(r\|S_{-1}\|)},
         \qquad A(\kappa) = \int_0^\pi e^{\kappa\cos t} \sin^{d-2} t\, dt
 
-    (:func:`log_sphere_integral`; :math:`A(\kappa) \propto \kappa^{1 - d/2} I_{d/2-1}(\kappa)`).
+    (``log_sphere_integral``; :math:`A(\kappa) \propto \kappa^{1 - d/2} I_{d/2-1}(\kappa)`).
     It minimises the logistic risk :math:`\mathbb E \log(1 + e^{-Y f})` over all predictors of
     the prompt and the query; with no tokens it is 0, and as L grows it tends to the task's
     Bayes score :math:`(m_1 - m_{-1})^\top x`. Tokens whose label is neither 1 nor −1 count
