@@ -32,7 +32,7 @@ help:
 	@echo "make test   unit tests, then the strict build (every chapter executed once, its"
 	@echo "            asserts checked), then nbval: every chapter executed again and its"
 	@echo "            outputs compared with the build's (tests/nbval_sanitize.cfg)"
-	@echo "make unit   the unit tests and the book's invariants only (no notebook executed)"
+	@echo "make unit   the unit tests, the book's invariants and gmlib's docstring examples (no notebook executed)"
 	@echo "make nbval NB=book/03_lda_landscape.ipynb   re-execute some notebooks through nbval,"
 	@echo "            comparing outputs with the last build's where it has them (else only run)"
 	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
@@ -97,8 +97,11 @@ test: unit
 # Test files are spread over TEST_JOBS processes (pytest-xdist, a whole file per process: the
 # programs a file compiles are reused by its own tests); TEST_JOBS=0 runs them in this process.
 TEST_JOBS ?= $(JOBS)
+# Then every `>>>` example in gmlib's docstrings, run as written (conftest.py: float64, and the
+# names the examples use unimported: jax, jnp, np, optax, gmlib, lda, denoise).
 unit: $(STAMP) $(TOOLS)/.installed
 	$(BIN)/python -m pytest tests -q -rs $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
+	$(BIN)/python -m pytest --doctest-modules gmlib -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 # nbval in strict mode: each notebook is exported with the outputs the last build gave it (from
 # _build/.jupyter_cache) into _build/nbval/, executed again (EXEC_JOBS at a time, another

@@ -68,7 +68,11 @@ def run_chunks(block: Callable, state, *, n_records: int, chunk_records: int | N
         ValueError: naming ``n_records`` or ``chunk_records`` when not a positive int.
 
     Example:
-        >>> state, losses = run_chunks(lambda s, k: scan_k_steps(s, k), state, n_records=1000, progress=True)
+        >>> def block(s, k):  # k records of one step each: the state doubles, the record is the state
+        ...     return jax.lax.scan(lambda c, _: (2 * c, 2 * c), s, length=k)
+        >>> state, records = run_chunks(block, 1.0, n_records=10, chunk_records=4)
+        >>> float(state), records.shape
+        (1024.0, (10,))
     """
     n_records = C.scalar(n_records, "n_records", low=0, integer=True)
     if chunk_records is None:
@@ -154,9 +158,15 @@ def optimize(loss: Callable, params, optimizer, *, n_steps: int, record_every: i
             ``record_every``, ``sample`` without ``key``, a non-callable ``loss``.
 
     Example:
-        >>> out = optimize(lambda th: risk(problem, th), theta0, optax.sgd(0.1), n_steps=1000,
-        ...                record_every=10, metric=lambda th: risk(problem, th))
-        >>> out = optimize(batch_loss, heads, optax.adam(1e-3), n_steps=5000, sample=draw, key=key)
+        >>> loss = lambda th: jnp.sum((th - 3.0) ** 2)  # its minimum at 3
+        >>> out = optimize(loss, jnp.zeros(2), optax.sgd(0.1), n_steps=100, record_every=10, metric=loss)
+        >>> out.steps[:3].tolist(), out.metric.shape, np.round(out.params, 6).tolist()
+        ([0, 10, 20], (11,), [3.0, 3.0])
+        >>> draw = lambda key: jax.random.normal(key, (32,)) + 3.0  # a fresh batch every step
+        >>> out = optimize(lambda th, b: jnp.mean((th - b) ** 2), 0.0, optax.sgd(0.05), n_steps=500,
+        ...                sample=draw, key=jax.random.key(0))
+        >>> abs(float(out.params) - 3.0) < 0.1
+        True
     """
     n_steps = C.scalar(n_steps, "n_steps", low=0, integer=True)
     record_every = C.scalar(record_every, "record_every", low=0, integer=True)

@@ -127,7 +127,13 @@ def softmax_attention(prompt, queries, U, V, *, block_size=None):
             empty prompt or a ``block_size`` other than ``None``, a positive int or ``"auto"``.
 
     Example:
-        >>> out = softmax_attention(toks, q, jnp.eye(2), jnp.eye(2), block_size=4096)
+        >>> toks = jax.random.normal(jax.random.key(0), (10_000, 2))
+        >>> q = jnp.array([[0.5, 0.5], [1.0, -1.0]])
+        >>> out = softmax_attention(toks, q, jnp.eye(2), jnp.eye(2), block_size=4096)  # streamed
+        >>> bool(jnp.allclose(out, softmax_attention(toks, q, jnp.eye(2), jnp.eye(2))))
+        True
+        >>> np.round(out, 1).tolist()  # on N(0, I) tokens the infinite prompt gives q (Prop 3.1)
+        [[0.5, 0.5], [1.0, -1.0]]
 
     This is eq 1 of the paper on the empirical measure of the tokens.
     """

@@ -87,9 +87,10 @@ class Heads:
     casts them to one floating dtype; inside a transformation it is rebuilt without checks.
 
     Example:
-        >>> heads = Heads(U=jnp.stack([U1, U2]), V=jnp.stack([V1, V2]))
-        >>> heads.n_heads, heads.dim
-        (2, 3)
+        >>> U1, U2 = jnp.eye(3), -jnp.eye(3)
+        >>> heads = Heads(U=jnp.stack([U1, U2]), V=jnp.stack([jnp.eye(3), jnp.eye(3)]))
+        >>> heads.n_heads, heads.dim, heads.out_dim
+        (2, 3, 3)
     """
 
     U: jax.Array
@@ -193,9 +194,16 @@ def apply_heads(heads: Heads, prompt, queries, *, kind: str = "softmax", block_s
             with a mixture, or with ``block_size``), non-finite values.
 
     Example:
-        >>> heads = denoise.two_head_bayes(problem)
-        >>> apply_heads(heads, problem.noisy, z)  # the Bayes denoiser (Thm 4.1)
-        >>> apply_heads(heads, tokens, z, block_size=4096)  # a finite prompt, streamed
+        >>> prob = denoise.DenoisingProblem([0.3, 0.7], [[2.0, 0.0], [0.0, 2.0]], gamma=1.0, xi=1.0)
+        >>> heads = denoise.two_head_bayes(prob)
+        >>> z = jnp.array([[1.0, 1.0], [2.0, -1.0]])
+        >>> out = apply_heads(heads, prob.noisy, z)  # the infinite prompt: the Bayes denoiser (Thm 4.1)
+        >>> bool(jnp.allclose(out, prob.bayes(z)))
+        True
+        >>> tokens, _ = prob.noisy.sample(key=jax.random.key(0), n_samples=100_000)
+        >>> out_L = apply_heads(heads, tokens, z, block_size=4096)  # a finite prompt, streamed
+        >>> bool(jnp.abs(out_L - out).max() < 0.05)
+        True
     """
     if not isinstance(heads, Heads):
         raise ValueError(f"`heads` must be a gmlib.Heads; got {type(heads).__name__}")
@@ -266,6 +274,8 @@ def init_heads(*, key, n_heads: int, dim: int, value_dim: int | None = None, out
 
     Example:
         >>> heads = init_heads(key=jax.random.key(0), n_heads=2, dim=3, out_dim=3, scale=0.5)
+        >>> heads.U.shape, heads.W_out.shape
+        ((2, 3, 3), (3, 6))
     """
     n_heads = C.scalar(n_heads, "n_heads", low=0, integer=True)
     dim = C.scalar(dim, "dim", low=0, integer=True)
@@ -347,9 +357,13 @@ def heads_from_flax(layer, *, residual: bool = False, readout=None, constant_tok
             gmlib[flax]``).
 
     Example:
+        >>> from flax import nnx
         >>> layer = nnx.MultiHeadAttention(2, 3, qkv_features=4, use_bias=False, decode=False, rngs=nnx.Rngs(0))
         >>> heads = gmlib.heads_from_flax(layer)  # U: (2, 3, 3) of rank <= 2
-        >>> gmlib.apply_heads(heads, tokens, queries)  # == layer(queries, tokens, tokens)
+        >>> tokens, queries = jax.random.normal(jax.random.key(1), (50, 3)), jnp.ones((4, 3))
+        >>> out = gmlib.apply_heads(heads, tokens, queries)
+        >>> bool(jnp.allclose(out, layer(queries, tokens, tokens), atol=1e-5))
+        True
     """
     from flax import nnx  # optional: gmlib[flax]
 

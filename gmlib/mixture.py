@@ -119,6 +119,8 @@ class GaussianMixture:
     Example:
         >>> mix = GaussianMixture.isotropic([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3)
         >>> points, labels = mix.sample(key=jax.random.key(0), n_samples=1000)
+        >>> points.shape, labels.shape, np.round(mix.mean(), 6).tolist()
+        ((1000, 2), (1000,), [0.0, 0.0])
     """
 
     weights: jax.Array
@@ -208,7 +210,10 @@ class GaussianMixture:
             ``(points, labels)``: shapes (n_samples, D) and (n_samples,) (int32).
 
         Example:
+            >>> mixture = GaussianMixture.isotropic([0.2, 0.8], [[-1.0, 0.0], [1.0, 0.0]], 0.3)
             >>> points, labels = mixture.sample(key=jax.random.key(0), n_samples=1000)
+            >>> bool(abs(labels.mean() - 0.8) < 0.05)  # labels[i] = 1 for about 80 % of the points
+            True
         """
         return _sample(self, key, n_samples)
 

@@ -109,7 +109,9 @@ def glue(name: str, value):
     (a plain script) it only returns ``value``.
 
     Example:
-        >>> slope = glue("slope", loglog_slope(lengths, errors))
+        >>> slope, _ = glue("slope", loglog_slope([10, 100, 1000], [1.0, 0.1, 0.01]))
+        >>> round(slope, 6)  # outside a notebook glue only returns its value
+        -1.0
     """
     try:
         from IPython import get_ipython
@@ -197,7 +199,10 @@ class Table:
         digits: significant digits of the numbers.
 
     Example:
-        >>> Table(["L", "excess"], [(16, 0.0123456), (64, 0.00234)])
+        >>> Table(["L", "excess"], [(16, 0.0123456), (1024, 0.00234)])
+           L   excess
+          16   0.0123
+        1,024  0.00234
     """
 
     def __init__(self, columns, rows, *, digits: int = 3):

@@ -49,6 +49,8 @@ def gauss_hermite(*, n_nodes: int, dim: int = 1, dtype=None):
 
     Example:
         >>> nodes, weights = gauss_hermite(n_nodes=20, dim=2)  # 400 points
+        >>> nodes.shape, round(float(weights.sum()), 12), round(float(weights @ nodes[:, 0] ** 2), 12)
+        ((400, 2), 1.0, 1.0)
     """
     n_nodes = C.scalar(n_nodes, "n_nodes", low=1, high=_MAX_NODES, strict=False, integer=True)
     dim = C.scalar(dim, "dim", low=0, integer=True)
@@ -118,7 +120,9 @@ def mixture_expectation(mixture, fn, projection=None, *, n_nodes: int = 20):
             (its values do not have the points as leading axis) or ``n_nodes``.
 
     Example:
-        >>> mixture_expectation(mix, lambda y: y[:, 0] ** 2)  # E[X_1^2]
+        >>> mix = gmlib.GaussianMixture.isotropic([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3)
+        >>> round(float(mixture_expectation(mix, lambda y: y[:, 0] ** 2)), 10)  # E[X_1^2] = 1 + 0.3^2
+        1.09
     """
     A = _check_projection(mixture, projection)
     nodes, weights = gauss_hermite(n_nodes=n_nodes, dim=A.shape[0], dtype=mixture.dtype)
@@ -153,7 +157,11 @@ def monte_carlo_expectation(mixture, fn, projection=None, *, key, n_samples: int
             ``jax.random`` key) or ``n_samples`` (not an int >= 2).
 
     Example:
-        >>> mean, stderr = monte_carlo_expectation(mix, lambda y: y[:, 0] ** 2, key=key, n_samples=10**5)
+        >>> mix = gmlib.GaussianMixture.isotropic([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], 0.3)
+        >>> mean, stderr = monte_carlo_expectation(mix, lambda y: y[:, 0] ** 2, key=jax.random.key(0),
+        ...                                        n_samples=10**5)
+        >>> bool(abs(mean - 1.09) < 4 * stderr), bool(stderr < 0.01)
+        (True, True)
     """
     A = _check_projection(mixture, projection)
     n_samples = C.scalar(n_samples, "n_samples", low=2, strict=False, integer=True)

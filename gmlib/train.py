@@ -62,13 +62,17 @@ def sweep(fn: Callable, *, seeds, lengths=None, inputs=(), devices=None):
             first axis of n_seeds; no ``devices``.
 
     Example:
-        >>> def run(key, length):  # prompts drawn at 256 tokens, the first `length` count
-        ...     mask = jnp.arange(256) < length
-        ...     draw = lambda k: sampler(k, batch_size=32, prompt_length=256)._replace(mask=mask)
-        ...     return gmlib.optimize(loss, heads0, optax.adam(1e-2), n_steps=1000, sample=draw, key=key)
-        >>> out = train.sweep(run, seeds=range(4), lengths=[16, 64, 256])
+        >>> sampler = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)
+        >>> heads0 = gmlib.init_heads(key=jax.random.key(0), n_heads=2, dim=2)
+        >>> def loss(heads, batch):
+        ...     pred = jax.vmap(gmlib.apply_heads, (None, 0, 0))(heads, batch.prompt, batch.queries)
+        ...     return jnp.mean((pred - batch.targets) ** 2)  # (all 64 tokens count, for brevity)
+        >>> def run(key, length):  # prompts drawn at 64 tokens, the first `length` count
+        ...     draw = lambda k: sampler(k, 8, 64)
+        ...     return gmlib.optimize(loss, heads0, optax.adam(1e-2), n_steps=10, sample=draw, key=key)
+        >>> out = sweep(run, seeds=range(4), lengths=[16, 64])
         >>> out.params.U.shape  # (n_lengths, n_seeds, H, D, D)
-        (3, 4, 2, 2, 2)
+        (2, 4, 2, 2, 2)
     """
     if not callable(fn):
         raise ValueError(f"`fn` must be a function; got {type(fn).__name__}")
@@ -116,7 +120,10 @@ def schedule(*, n_steps: int, peak=2e-2, final=2e-4):
         ValueError: naming ``n_steps``, ``peak`` or ``final`` when out of range.
 
     Example:
-        >>> optimizer = optax.adam(train.schedule(n_steps=2000))
+        >>> rate = schedule(n_steps=2000)
+        >>> [float(rate(t)) for t in (0, 100, 1600, 1999)]  # start, peak, the last fifth
+        [0.0, 0.02, 0.0002, 0.0002]
+        >>> optimizer = optax.adam(rate)
     """
     import optax
 
@@ -173,12 +180,15 @@ def side_by_side(models, sample, loss, *, optimizer, lengths, seeds, init_seeds,
 
     Example:
         >>> sampler = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)
-        >>> out = train.side_by_side(
+        >>> h0 = denoise.in_context_heads(1.0, 1.0, 2)
+        >>> out = side_by_side(
         ...     {"softmax": ("softmax", h0), "linear": ("linear", h0)},
         ...     lambda key, L: sampler(key, 16, L),
         ...     lambda pred, batch: jnp.mean((pred - batch.targets) ** 2),
-        ...     optimizer=optax.adam(train.schedule(n_steps=2000)), lengths=[16, 64],
-        ...     seeds=[[0, 1], [2, 3]], init_seeds=[0, 1], n_steps=2000)
+        ...     optimizer=optax.adam(schedule(n_steps=20)), lengths=[16, 64],
+        ...     seeds=[[0, 1], [2, 3]], init_seeds=[0, 1], n_steps=20)
+        >>> out.params["softmax"].U.shape  # (n_lengths, n_seeds, H, D, D)
+        (2, 2, 2, 2, 2)
     """
     from gmlib._loop import optimize
     from gmlib.heads import apply_heads

@@ -66,8 +66,12 @@ class Transformer(nnx.Module):
 
     Example:
         >>> model = Transformer(2, n_layers=1, n_heads=2, rngs=nnx.Rngs(0))
-        >>> model(tokens, queries).shape  # (Q, 2)
-        >>> model.heads()  # the one-layer network as gmlib.Heads
+        >>> tokens, queries = jax.random.normal(jax.random.key(0), (64, 2)), jnp.ones((3, 2))
+        >>> model(tokens, queries).shape  # (Q, d)
+        (3, 2)
+        >>> heads = model.heads()  # the one-layer network as gmlib.Heads
+        >>> bool(jnp.allclose(gmlib.apply_heads(heads, tokens, queries), model(tokens, queries), atol=1e-5))
+        True
     """
 
     def __init__(self, dim: int, *, n_layers: int = 1, n_heads: int = 2, head_dim: int | None = None,
@@ -159,8 +163,11 @@ def tempered(gamma, xi, dim: int, *, temperature, n_heads: int = 1, rngs: nnx.Rn
         ValueError: naming the argument, for values outside the ranges above.
 
     Example:
-        >>> model = transformer.tempered(1.0, 1.0, 2, temperature=0.4, rngs=nnx.Rngs(0))
-        >>> model(tokens, queries)  # == apply_heads(denoise.in_context_heads(1.0, 1.0, 2, temperature=0.4), ...)
+        >>> model = tempered(1.0, 1.0, 2, temperature=0.4, rngs=nnx.Rngs(0))
+        >>> tokens, queries = jax.random.normal(jax.random.key(0), (64, 2)), jnp.ones((3, 2))
+        >>> head = denoise.in_context_heads(1.0, 1.0, 2, temperature=0.4)
+        >>> bool(jnp.allclose(model(tokens, queries), gmlib.apply_heads(head, tokens, queries), atol=1e-5))
+        True
     """
     gamma = C.scalar(gamma, "gamma", low=0, strict=False)
     xi = C.scalar(xi, "xi", low=0)
@@ -196,8 +203,15 @@ def network(make: Callable[[nnx.Rngs], nnx.Module]):
 
     Example:
         >>> models = {"standard": network(lambda rngs: Transformer(2, rngs=rngs))}
-        >>> out = denoise.train_in_context(models, 1.0, 1.0, 2, optimizer=optax.adam(1e-2), ...)
-        >>> trained = restore(models["standard"], out.params["standard"])
+        >>> forward, start = models["standard"]
+        >>> tokens, queries = jax.random.normal(jax.random.key(0), (64, 2)), jnp.ones((3, 2))
+        >>> forward(start(0), tokens, queries, None).shape
+        (3, 2)
+        >>> out = denoise.train_in_context(models, 1.0, 1.0, 2, optimizer=optax.adam(1e-2), lengths=[16],
+        ...                                seeds=[0], init_seeds=[0], n_steps=5, batch_size=4)
+        >>> trained = restore(models["standard"], jax.tree.map(lambda x: x[0, 0], out.params["standard"]))
+        >>> isinstance(trained, Transformer)
+        True
     """
     if not callable(make):
         raise ValueError(f"`make` must be a function of an nnx.Rngs; got {type(make).__name__}")

@@ -62,7 +62,8 @@ def augment(prompt):
         ValueError: naming ``prompt`` for a non-numeric, non-finite or 0-d array.
 
     Example:
-        >>> augment(jnp.zeros((3, 2)))  # rows (0, 0, 1)
+        >>> augment(jnp.zeros((3, 2))).tolist()
+        [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]
     """
     if isinstance(prompt, GaussianMixture):
         m, d = prompt.n_components, prompt.dim
@@ -144,7 +145,10 @@ def heads_needed(problem: DenoisingProblem, *, constant_token: bool = False):
         an int, or ``None``.
 
     Example:
-        >>> denoise.heads_needed(prob, constant_token=True)  # 3 means in general position, d = 3: 3
+        >>> means = [[2.0, 0.0, 0.5], [-1.0, 1.5, 0.0], [-0.5, -1.0, 2.0]]  # in general position, d = 3
+        >>> prob = denoise.DenoisingProblem([0.3, 0.3, 0.4], means, gamma=0.5, xi=1.0)
+        >>> denoise.heads_needed(prob, constant_token=True)
+        3
     """
     _, need, why = _plan(problem, constant_token)
     return None if why is not None else need
@@ -193,9 +197,13 @@ def multi_head_bayes(problem: DenoisingProblem, *, constant_token: bool = False,
             offsets that cannot be produced), or ``n_heads`` is too small.
 
     Example:
-        >>> heads = denoise.multi_head_bayes(prob, constant_token=True)  # 3 means in d = 3
-        >>> aug = denoise.augment
-        >>> gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]  # = prob.bayes(z)
+        >>> means = [[2.0, 0.0, 0.5], [-1.0, 1.5, 0.0], [-0.5, -1.0, 2.0]]  # 3 means in d = 3
+        >>> prob = denoise.DenoisingProblem([0.3, 0.3, 0.4], means, gamma=0.5, xi=1.0)
+        >>> heads = denoise.multi_head_bayes(prob, constant_token=True)
+        >>> aug, z = denoise.augment, jnp.array([[1.0, 1.0, 0.0], [2.0, -1.0, 1.0]])
+        >>> out = gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]
+        >>> heads.n_heads, bool(jnp.allclose(out, prob.bayes(z)))
+        (3, True)
     """
     if n_heads is not None:
         n_heads = C.scalar(n_heads, "n_heads", low=0, integer=True)
@@ -292,9 +300,12 @@ def skip_head_bayes(problem: DenoisingProblem, *, constant_token: bool = False) 
         ValueError: naming ``problem`` where the gate offsets cannot be produced.
 
     Example:
+        >>> prob = denoise.DenoisingProblem([0.3, 0.7], [[2.0, 0.0], [0.0, 2.0]], gamma=1.0, xi=1.0)
         >>> heads = denoise.skip_head_bayes(prob, constant_token=True)
-        >>> aug = denoise.augment
-        >>> gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]  # = prob.bayes(z)
+        >>> aug, z = denoise.augment, jnp.array([[1.0, 1.0], [2.0, -1.0]])
+        >>> out = gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]
+        >>> bool(jnp.allclose(out, prob.bayes(z)))
+        True
     """
     _, _, why = _plan(problem, constant_token, 1)
     if why is not None and "offsets" in why:
@@ -357,9 +368,18 @@ def fewer_heads(problem: DenoisingProblem) -> Heads:
         ValueError: naming ``problem`` and the assumption that fails.
 
     Example:
-        >>> heads = denoise.fewer_heads(prob)  # chapter 8: d = 3, M = 3, a turned covariance
-        >>> aug = denoise.augment
-        >>> gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]  # = prob.bayes(z)
+        >>> from scipy.optimize import brentq
+        >>> def cov(t):  # diag(0.3, 3) turned by t; the means below lie on the x-axis, q = (0, 1)
+        ...     R = np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+        ...     return R @ np.diag([0.3, 3.0]) @ R.T
+        >>> q, eye = np.array([0.0, 1.0]), np.eye(2)
+        >>> t = brentq(lambda t: q @ (cov(t) + eye) @ np.linalg.solve(cov(t) - eye, cov(t)) @ q, 0, np.pi / 2)
+        >>> prob = denoise.DenoisingProblem([0.4, 0.6], [[2.0, 0.0], [-2.0, 0.0]], xi=1.0, cov=cov(t))
+        >>> heads = denoise.fewer_heads(prob)
+        >>> aug, z = denoise.augment, jnp.array([[1.0, 1.0], [2.0, -1.0]])
+        >>> out = gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]
+        >>> heads.n_heads, denoise.heads_needed(prob, constant_token=True), bool(jnp.allclose(out, prob.bayes(z)))
+        (1, 2, True)
     """
     d = problem.dim
     r, _, why = _plan(problem, True)
@@ -441,11 +461,14 @@ def small_score_head(problem: DenoisingProblem, eps) -> Heads:
         ValueError: naming ``eps`` when it is not a positive finite number.
 
     Example:
+        >>> prob = denoise.DenoisingProblem([0.3, 0.7], [[2.0, 0.0], [0.0, 2.0]], gamma=1.0, xi=1.0)
         >>> skip = denoise.skip_head_bayes(prob, constant_token=True)
         >>> small = denoise.small_score_head(prob, 1e-3)
         >>> pair = gmlib.Heads(U=skip.U.at[1].set(small.U[0]), V=skip.V.at[1].set(small.V[0]))
-        >>> aug = denoise.augment
-        >>> gmlib.apply_heads(pair, aug(prob.noisy), aug(z))[:, :-1]  # close to prob.bayes(z)
+        >>> aug, z = denoise.augment, jnp.array([[1.0, 1.0], [2.0, -1.0]])
+        >>> out = gmlib.apply_heads(pair, aug(prob.noisy), aug(z))[:, :-1]
+        >>> bool(jnp.abs(out - prob.bayes(z)).max() < 1e-2)  # close to the Bayes denoiser
+        True
     """
     eps = C.scalar(eps, "eps", low=0)
     return _small_score(problem, jnp.asarray(eps, problem.dtype))

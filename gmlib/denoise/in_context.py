@@ -88,9 +88,15 @@ def in_context_heads(gamma, xi, dim: int, *, temperature=1.0) -> Heads:
             ``temperature <= 0``, non-finite values or a bad ``dim``.
 
     Example:
+        >>> task = denoise.DenoisingProblem([0.4, 0.6], [[1.0, 1.0], [-1.0, -1.0]], gamma=1.0, xi=0.5)
+        >>> tokens, _ = task.noisy.sample(key=jax.random.key(0), n_samples=500)
+        >>> queries = jnp.array([[0.5, 0.5], [1.0, -2.0]])
         >>> heads = denoise.in_context_heads(1.0, 0.5, 2, temperature=0.3)
-        >>> gmlib.apply_heads(heads, tokens, queries)  # (n, 2)
-        >>> gmlib.apply_heads(denoise.in_context_heads(1.0, 0.5, 2), task.noisy, queries)  # task.bayes
+        >>> gmlib.apply_heads(heads, tokens, queries).shape  # a finite prompt
+        (2, 2)
+        >>> out = gmlib.apply_heads(denoise.in_context_heads(1.0, 0.5, 2), task.noisy, queries)
+        >>> bool(jnp.allclose(out, task.bayes(queries)))  # c = 1, the infinite prompt: the task's Bayes
+        True
     """
     dim = C.scalar(dim, "dim", low=0, integer=True)
     temperature = C.scalar(temperature, "temperature", low=0)
@@ -143,8 +149,12 @@ def estimate_task(prompt, gamma, xi, *, n_iter: int = 50) -> DenoisingProblem:
         ValueError: naming ``prompt`` (shape, finiteness), ``gamma``, ``xi`` or ``n_iter``.
 
     Example:
+        >>> truth = denoise.DenoisingProblem([0.4, 0.6], [[1.0, 1.0], [-1.0, -1.0]], gamma=1.0, xi=0.5)
+        >>> tokens, _ = truth.noisy.sample(key=jax.random.key(0), n_samples=20_000)
         >>> task = denoise.estimate_task(tokens, 1.0, 0.5)
-        >>> task.bayes(queries)  # the plug-in denoiser
+        >>> queries = jnp.array([[0.5, 0.5], [1.0, -2.0]])
+        >>> bool(jnp.abs(task.bayes(queries) - truth.bayes(queries)).max() < 0.05)  # the plug-in denoiser
+        True
     """
     n_iter = C.scalar(n_iter, "n_iter", low=0, integer=True)
     prompt = C.array(prompt, "prompt", ("L", "d"), min_rows=2)
@@ -186,10 +196,14 @@ def finite_prompt_errors(heads: Heads, task: DenoisingProblem, *, key, prompt_le
         the queries, shape (n_queries,).
 
     Example:
+        >>> task = denoise.DenoisingProblem([0.5, 0.5], [[1.0, 0.0, 1.0], [-1.0, 0.0, -1.0]], gamma=0.8, xi=1.2)
         >>> heads = denoise.in_context_heads(0.8, 1.2, 3)
         >>> attn, at_means, plug = denoise.finite_prompt_errors(
-        ...     heads, task, key=jax.random.key(0), prompt_length=1000)
-        >>> attn.mean(), plug.mean()  # the excess errors averaged over the task's queries
+        ...     heads, task, key=jax.random.key(0), prompt_length=1000, n_queries=64)
+        >>> attn.shape, at_means.shape, plug.shape
+        ((64,), (2,), (64,))
+        >>> bool(plug.mean() < attn.mean())  # on 1000 tokens the plug-in is the closer of the two
+        True
     """
     k_tok, k_q = jax.random.split(key)
     tokens, _ = task.noisy.sample(key=k_tok, n_samples=prompt_length)
@@ -252,6 +266,8 @@ def task_sampler(gamma, xi, dim: int, *, radius=3.0, weight_range=(0.2, 0.8), n_
     Example:
         >>> sample = denoise.task_sampler(0.5, 1.0, 2, n_queries=4)
         >>> batch = sample(jax.random.key(0), 32, 100)  # 32 prompts of 100 tokens
+        >>> batch.prompt.shape, batch.queries.shape, batch.targets.shape
+        ((32, 100, 2), (32, 4, 2), (32, 4, 2))
     """
     dim = C.scalar(dim, "dim", low=0, integer=True)
     n_queries = C.scalar(n_queries, "n_queries", low=0, integer=True)
@@ -320,7 +336,9 @@ def task_excess(heads: Heads, batch: Batch, gamma, xi, *, kind: str = "softmax",
 
     Example:
         >>> batch = denoise.task_sampler(0.5, 1.0, 2, n_queries=8)(jax.random.key(0), 64, 200)
-        >>> denoise.task_excess(denoise.in_context_heads(0.5, 1.0, 2), batch, 0.5, 1.0).mean()
+        >>> excess = denoise.task_excess(denoise.in_context_heads(0.5, 1.0, 2), batch, 0.5, 1.0)
+        >>> excess.shape, bool((excess > 0).all())  # one excess per prompt
+        ((64,), True)
     """
     means, weights = batch.aux
     if not isinstance(heads, Heads) and (not callable(heads) or infinite):
@@ -380,8 +398,11 @@ def excess_by_length(heads: Heads, batch: Batch, gamma, xi, *, lengths, kind: st
 
     Example:
         >>> tests = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)(jax.random.key(0), 512, 256)
+        >>> heads = denoise.in_context_heads(1.0, 1.0, 2)
         >>> at_L, at_inf = denoise.excess_by_length(heads, tests, 1.0, 1.0, lengths=[16, 64, 256])
-        >>> at_L.mean(-1)  # the excess risk at L = 16, 64, 256
+        >>> excess = at_L.mean(-1)  # the excess risk at L = 16, 64, 256
+        >>> bool(excess[0] > excess[1] > excess[2] > at_inf.mean() >= 0)
+        True
     """
     return _by_length(heads, batch, gamma, xi, jnp.asarray(lengths, jnp.int32), kind)
 
@@ -409,8 +430,10 @@ def tempered_excess(batch: Batch, gamma, xi, *, temperatures, lengths, corrected
         ValueError: what :func:`in_context_heads` raises, naming ``temperature``.
 
     Example:
+        >>> tests = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)(jax.random.key(0), 512, 64)
         >>> at_L, at_inf = denoise.tempered_excess(tests, 1.0, 1.0, temperatures=[0.3, 1.0], lengths=[16, 64])
-        >>> at_L.mean(-1)  # (2 temperatures, 2 lengths)
+        >>> at_L.mean(-1).shape  # (2 temperatures, 2 lengths)
+        (2, 2)
     """
     d = batch.prompt.shape[-1]
     heads = [in_context_heads(gamma, xi, d, temperature=c) for c in np.asarray(temperatures).ravel()]
@@ -455,7 +478,10 @@ def plug_in_excess(batch: Batch, gamma, xi, *, length: int):
         ValueError: naming ``gamma`` or ``xi`` (by :class:`DenoisingProblem`).
 
     Example:
-        >>> denoise.plug_in_excess(tests, 1.0, 1.0, length=64).mean()
+        >>> tests = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)(jax.random.key(0), 256, 64)
+        >>> excess = denoise.plug_in_excess(tests, 1.0, 1.0, length=64)
+        >>> excess.shape, bool(0 < excess.mean() < 0.2)
+        ((256,), True)
     """
     return _plug_in(batch, gamma, xi, int(length))
 
@@ -513,8 +539,9 @@ def train_in_context(models, gamma, xi, dim: int, *, optimizer, lengths, seeds, 
     Example:
         >>> out = denoise.train_in_context({"softmax": ("softmax", "random")}, 1.0, 1.0, 2,
         ...     optimizer=optax.adam(1e-2), lengths=[16, 64], seeds=[[0, 1], [2, 3]],
-        ...     init_seeds=[0, 1], n_steps=1000, batch_size=16, n_queries=4)
+        ...     init_seeds=[0, 1], n_steps=20, batch_size=16, n_queries=4)
         >>> out.params["softmax"].U.shape  # (2 lengths, 2 seeds, 2 heads, d, d)
+        (2, 2, 2, 2, 2)
     """
     sampler = task_sampler(gamma, xi, dim, n_queries=n_queries, dtype=dtype)
 
@@ -569,9 +596,13 @@ def trained_excess(models, params, batch: Batch, gamma, xi, *, lengths, dtype=No
             raises.
 
     Example:
-        >>> out = denoise.train_in_context(models, 1.0, 1.0, 2, lengths=[16, 64], ...)
+        >>> models = {"softmax": ("softmax", "random"), "linear": ("linear", "random")}
+        >>> out = denoise.train_in_context(models, 1.0, 1.0, 2, optimizer=optax.adam(1e-2), lengths=[16, 64],
+        ...     seeds=[0, 1], init_seeds=[0, 1], n_steps=20, batch_size=16)
         >>> tests = denoise.task_sampler(1.0, 1.0, 2, n_queries=4)(jax.random.key(1), 512, 64)
-        >>> denoise.trained_excess(models, out.params, tests, 1.0, 1.0, lengths=[16, 64])
+        >>> excess = denoise.trained_excess(models, out.params, tests, 1.0, 1.0, lengths=[16, 64])
+        >>> excess["softmax"].shape  # (n_lengths, n_seeds)
+        (2, 2)
     """
     lengths = _ints(lengths, "lengths", 1, 1, batch.prompt.shape[1] + 1)
     missing = [name for name in models if name not in params]

@@ -37,7 +37,10 @@ def iterate(f: Callable, z0, *, n_steps: int):
             positive int).
 
     Example:
-        >>> traj = denoise.iterate(prob.bayes, starts, n_steps=60)  # (61,) + starts.shape
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[0.0, 3.0], [0.0, -3.0]], 0.0, 2.0)
+        >>> traj = denoise.iterate(prob.bayes, jnp.array([[1.0, 0.5]]), n_steps=60)  # (61,) + starts.shape
+        >>> traj.shape, np.round(traj[-1], 4).tolist()  # at a fixed point inside m_1 = (0, 3)
+        ((61, 1, 2), [[0.0, 2.9265]])
     """
     n_steps = C.scalar(n_steps, "n_steps", low=0, integer=True)
     z0 = C.array(z0, "z0")  # an f that changes the shape or dtype is refused by lax.scan (carry types differ)
@@ -68,7 +71,9 @@ def separation(problem: DenoisingProblem):
         ValueError: naming ``problem`` when M ≠ 2.
 
     Example:
-        >>> denoise.separation(prob)  # means (0, ±3), xi = 2: 1.5
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[0.0, 3.0], [0.0, -3.0]], 0.0, 2.0)
+        >>> float(denoise.separation(prob))  # means (0, ±3), xi = 2
+        1.5
     """
     if problem.n_components != 2:  # the first two of more means would pass silently
         raise ValueError(f"`problem` must have M = 2 components; got M = {problem.n_components}")
@@ -97,7 +102,8 @@ def tanh_fixed_point(lam):
         ValueError: for negative or non-finite ``lam``.
 
     Example:
-        >>> denoise.tanh_fixed_point([0.5, 1.2, 3.0])  # 0 below lambda = 1, then positive
+        >>> np.round(denoise.tanh_fixed_point([0.5, 1.2, 3.0]), 4).tolist()  # 0 below lambda = 1
+        [0.0, 0.8339, 1.0]
     """
     from scipy.optimize import brentq
 
@@ -149,7 +155,8 @@ def cluster_limits(problem: DenoisingProblem, starts):
 
     Example:
         >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[0.0, 3.0], [0.0, -3.0]], 0.0, 2.0)
-        >>> denoise.cluster_limits(prob, [[1.0, 0.5]])  # (0, 3 u_1.5): just inside m_1
+        >>> np.round(denoise.cluster_limits(prob, [[1.0, 0.5]]), 4).tolist()  # (0, 3 u_1.5): inside m_1
+        [[0.0, 2.9265]]
     """
     lam = float(separation(problem))  # refuses M != 2
     if not problem.isotropic or float(problem.gamma) != 0 or float(problem.weights[0]) != 0.5:

@@ -34,8 +34,10 @@ def linear_optimum(problem: DenoisingProblem):
         array (d, d).
 
     Example:
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
         >>> A = denoise.linear_optimum(prob)
-        >>> prob.excess_risk(lambda z: z @ A.T)  # = denoise.linear_gap(prob)
+        >>> round(float(prob.excess_risk(lambda z: z @ A.T)), 6), round(float(denoise.linear_gap(prob)), 6)
+        (1.641524, 1.641524)
     """
     return _shrinkage(problem.clean.second_moment(), problem.xi)
 
@@ -67,8 +69,10 @@ def affine_optimum(problem: DenoisingProblem):
         ``(A, b)``: shapes (d, d) and (d,).
 
     Example:
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
         >>> A, b = denoise.affine_optimum(prob)
-        >>> prob.excess_risk(lambda z: z @ A.T + b)  # equals denoise.affine_gap(prob)
+        >>> round(float(prob.excess_risk(lambda z: z @ A.T + b)), 6), round(float(denoise.affine_gap(prob)), 6)
+        (0.125734, 0.125734)
     """
     clean = problem.clean
     A = _shrinkage(clean.covariance(), problem.xi)
@@ -106,7 +110,9 @@ def linear_risk(problem: DenoisingProblem):
         a scalar.
 
     Example:
-        >>> denoise.linear_risk(prob) - prob.bayes_risk()  # = denoise.linear_gap(prob)
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
+        >>> round(float(denoise.linear_risk(prob)), 6), round(float(denoise.linear_risk(prob) - prob.bayes_risk()), 6)
+        (4.631579, 1.641524)
     """
     return problem.xi**2 * jnp.trace(linear_optimum(problem))
 
@@ -132,7 +138,9 @@ def affine_risk(problem: DenoisingProblem):
         a scalar.
 
     Example:
-        >>> denoise.affine_risk(prob) - prob.bayes_risk()  # = denoise.affine_gap(prob)
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
+        >>> round(float(denoise.affine_risk(prob)), 6), round(float(denoise.affine_risk(prob) - prob.bayes_risk()), 6)
+        (3.115789, 0.125734)
     """
     return problem.xi**2 * jnp.trace(affine_optimum(problem)[0])
 
@@ -162,7 +170,9 @@ def linear_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
         ValueError: as :meth:`DenoisingProblem.bayes_risk` (M > 4, a bad ``n_nodes``).
 
     Example:
-        >>> denoise.linear_gap(prob)  # Figure 2's problem: about 1.642
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
+        >>> round(float(denoise.linear_gap(prob)), 3)
+        1.642
     """
     return linear_risk(problem) - problem.bayes_risk(n_nodes=n_nodes)
 
@@ -192,6 +202,8 @@ def affine_gap(problem: DenoisingProblem, *, n_nodes: int | None = None):
         ValueError: as :meth:`DenoisingProblem.bayes_risk` (M > 4, a bad ``n_nodes``).
 
     Example:
-        >>> denoise.affine_gap(prob)  # Figure 2's problem: about 0.126
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
+        >>> round(float(denoise.affine_gap(prob)), 3)
+        0.126
     """
     return affine_risk(problem) - problem.bayes_risk(n_nodes=n_nodes)

@@ -108,11 +108,15 @@ def two_head_bayes(problem: DenoisingProblem, *, constant_token: bool = False) -
             differ; the message says that ``constant_token=True`` handles unequal norms.
 
     Example:
+        >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)
+        >>> z = jnp.array([[1.0, 1.0], [2.0, -1.0]])
         >>> heads = denoise.two_head_bayes(prob)
-        >>> gmlib.apply_heads(heads, prob.noisy, z)  # equals prob.bayes(z)
-        >>> heads = denoise.two_head_bayes(prob, constant_token=True)
+        >>> bool(jnp.allclose(gmlib.apply_heads(heads, prob.noisy, z), prob.bayes(z)))
+        True
+        >>> heads = denoise.two_head_bayes(prob, constant_token=True)  # on augmented tokens too
         >>> aug = denoise.augment
-        >>> gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1]  # too
+        >>> bool(jnp.allclose(gmlib.apply_heads(heads, aug(prob.noisy), aug(z))[:, :-1], prob.bayes(z)))
+        True
     """
     general = bool(constant_token) or not problem.isotropic  # multi_head_bayes's construction, two heads
     _check_pair(problem, "the two-head construction", general=general)
@@ -196,7 +200,10 @@ def single_head_bayes(problem: DenoisingProblem) -> Heads:
 
     Example:
         >>> prob = denoise.DenoisingProblem([0.2, 0.8], [[2.0, 0.0], [0.0, 2.0]], 1.1, 1.1)
-        >>> gmlib.apply_heads(denoise.single_head_bayes(prob), prob.noisy, z)  # prob.bayes(z)
+        >>> z = jnp.array([[1.0, 1.0], [2.0, -1.0]])
+        >>> out = gmlib.apply_heads(denoise.single_head_bayes(prob), prob.noisy, z)
+        >>> bool(jnp.allclose(out, prob.bayes(z)))
+        True
     """
     _check_pair(problem, "a single-head denoiser", need_dim2=False)
     if C.is_concrete(problem.gamma) and C.is_concrete(problem.means):

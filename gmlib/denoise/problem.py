@@ -79,9 +79,12 @@ class DenoisingProblem:
 
     Example:
         >>> prob = DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)
-        >>> prob.bayes(jnp.zeros((1, 2)))  # E[X | Z = 0]
+        >>> np.round(prob.bayes(jnp.zeros((1, 2))), 6).tolist()  # E[X | Z = 0]: 1/5 of the way to each mean
+        [[1.2, 1.2]]
         >>> full = DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 1.0]], xi=2.0,
         ...                         cov=[[1.0, 0.5], [0.5, 2.0]])
+        >>> full.isotropic, prob.isotropic
+        (False, True)
     """
 
     weights: jax.Array
@@ -195,7 +198,9 @@ class DenoisingProblem:
             ValueError: naming ``z`` for a wrong shape or non-finite values.
 
         Example:
-            >>> prob.responsibilities(jnp.zeros((1, 2)))  # P(C = k | Z = 0)
+            >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
+            >>> np.round(prob.responsibilities(jnp.zeros((1, 2))), 6).tolist()  # P(C = k | Z = 0)
+            [[0.5, 0.5]]
         """
         prob, z = self._queries(z)
         return _responsibilities(prob, z)
@@ -222,7 +227,9 @@ class DenoisingProblem:
             ValueError: naming ``z`` for a wrong shape or non-finite values.
 
         Example:
-            >>> prob.bayes(jnp.zeros((1, 2)))  # E[X | Z = 0]
+            >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
+            >>> np.round(prob.bayes(jnp.zeros((1, 2))), 6).tolist()  # E[X | Z = 0]
+            [[1.2, 1.2]]
         """
         prob, z = self._queries(z)
         return _bayes(prob, z)
@@ -240,7 +247,10 @@ class DenoisingProblem:
             independent of :math:`X` (so :math:`Z` follows :attr:`noisy`).
 
         Example:
+            >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
             >>> x, z = prob.sample(key=jax.random.key(0), n_samples=1000)
+            >>> x.shape, z.shape
+            ((1000, 2), (1000, 2))
         """
         k_x, k_eps = jax.random.split(key)
         x, _ = self.clean.sample(key=k_x, n_samples=n_samples)
@@ -282,8 +292,10 @@ class DenoisingProblem:
                 raise (naming ``n_nodes``, ``n_samples``).
 
         Example:
+            >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
             >>> A = denoise.linear_optimum(prob)
-            >>> gap = prob.excess_risk(lambda z: z @ A.T)  # = denoise.linear_gap(prob)
+            >>> round(float(prob.excess_risk(lambda z: z @ A.T)), 6)  # = denoise.linear_gap(prob)
+            1.641524
         """
         C.check_choice(method, "method", ("auto", "quadrature", "monte_carlo"))
         if method == "auto":
@@ -332,7 +344,9 @@ class DenoisingProblem:
             ValueError: for M > 4, or naming ``n_nodes`` when it is not a positive int.
 
         Example:
-            >>> prob.bayes_risk()  # Figure 2's problem: about 2.42
+            >>> prob = denoise.DenoisingProblem([0.5, 0.5], [[3.0, 0.0], [0.0, 3.0]], gamma=1.0, xi=2.0)  # Figure 2's
+            >>> round(float(prob.bayes_risk()), 4)
+            2.9901
         """
         m = self.n_components
         k = m - 1

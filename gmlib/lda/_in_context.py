@@ -43,6 +43,8 @@ def task_sampler(dim: int, *, radius=1.5, n_queries: int = 1, dtype=None):
     Example:
         >>> sample = lda.task_sampler(2, n_queries=4)
         >>> batch = sample(jax.random.key(0), 32, 64)  # 32 prompts of 64 labelled tokens
+        >>> batch.prompt.shape, batch.queries.shape
+        ((32, 64, 3), (32, 4, 3))
     """
     dim = C.scalar(dim, "dim", low=0, integer=True)
     n_queries = C.scalar(n_queries, "n_queries", low=0, integer=True)
@@ -127,6 +129,8 @@ def task_metrics(f, batch: Batch, *, lengths, kind: str = "softmax"):
         >>> tests = lda.task_sampler(2, n_queries=8)(jax.random.key(0), 512, 64)
         >>> risk, acc = lda.task_metrics(lda.plug_in, tests, lengths=[16, 64])
         >>> bayes_risk, _ = lda.task_metrics("bayes", tests, lengths=[16, 64])
+        >>> risk.shape, bool((risk.mean(-1) > bayes_risk.mean(-1)).all())  # (lengths, prompts)
+        ((2, 512), True)
     """
     if not (isinstance(f, Heads) or callable(f) or (isinstance(f, str) and f == "bayes")):
         raise ValueError(f'`f` must be a gmlib.Heads, a predictor f(prompt, queries, mask) or "bayes"; got {f!r}')
@@ -205,7 +209,9 @@ def train_in_context(models, dim: int, *, optimizer, lengths, seeds, init_seeds,
     Example:
         >>> out = lda.train_in_context({"softmax": ("softmax", "random")}, 2,
         ...     optimizer=optax.adam(1e-2), lengths=[16, 64], seeds=[[0, 1], [2, 3]],
-        ...     init_seeds=[0, 1], n_steps=1000, batch_size=16, n_queries=4)
+        ...     init_seeds=[0, 1], n_steps=20, batch_size=16, n_queries=4)
+        >>> out.params["softmax"].U.shape  # (n_lengths, n_seeds, H, d + 1, d + 1)
+        (2, 2, 1, 3, 3)
     """
     sampler = task_sampler(dim, radius=radius, n_queries=n_queries, dtype=dtype)
 

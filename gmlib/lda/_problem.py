@@ -40,8 +40,10 @@ class LDAProblem:
             positive definite, or ``p_pos`` outside (0, 1).
 
     Example:
-        >>> c1 = LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
-        >>> w_star, b_star = c1.bayes_params()
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> w_star, b_star = c1.bayes_params()  # w* = m_1 - m_-1, b* = log(0.6 / 0.4)
+        >>> w_star.tolist(), round(float(b_star), 6)
+        ([1.0, -1.0], 0.405465)
     """
 
     mean_pos: jax.Array
@@ -207,8 +209,11 @@ def prompt_sampler(problem: LDAProblem, *, n_queries: int = 1):
         ValueError: naming ``n_queries`` when not a positive int.
 
     Example:
-        >>> sample = prompt_sampler(c1, n_queries=8)
-        >>> batch = sample(jax.random.key(0), 64, 16)  # 64 prompts of 16 tokens
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> sample = lda.prompt_sampler(c1, n_queries=8)
+        >>> batch = sample(jax.random.key(0), 64, 16)  # 64 prompts of 16 tokens (x, y)
+        >>> batch.prompt.shape, batch.queries.shape
+        ((64, 16, 3), (64, 8, 3))
     """
     n_queries = C.scalar(n_queries, "n_queries", low=0, integer=True)
     root = jnp.asarray(np.linalg.cholesky(np.asarray(problem.cov, np.float64)), problem.dtype)
@@ -258,7 +263,9 @@ class HeadParams:
         """Every entry i.i.d. :math:`\\mathcal N(0, \\mathrm{scale}^2)` (the initialization of Figure 4).
 
         Example:
-            >>> theta0 = HeadParams.normal(20, key=jax.random.key(0))
+            >>> theta0 = lda.HeadParams.normal(20, key=jax.random.key(0))
+            >>> theta0.U11.shape, theta0.u12.shape, theta0.v22.shape
+            ((20, 20), (20,), ())
         """
         dtype = C.check_float_dtype(dtype)
         scale = C.array(scale, "scale", (), dtype=dtype)

@@ -44,8 +44,12 @@ def to_attention(theta) -> Heads:
         ValueError: naming the leaf, for leaves whose shapes do not fit one d or non-finite values.
 
     Example:
-        >>> q = jnp.concatenate([x, jnp.zeros((len(x), 1))], axis=1)
-        >>> apply_heads(to_attention(theta), c1.prompt, q)[:, 0]  # equals predict(c1, theta, x)
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> theta, x = lda.HeadParams.normal(2, key=jax.random.key(0)), jnp.array([[0.5, 0.5], [1.0, -1.0]])
+        >>> q = jnp.concatenate([x, jnp.zeros((len(x), 1))], axis=1)  # queries (x, 0)
+        >>> out = gmlib.apply_heads(lda.to_attention(theta), c1.prompt, q)[:, 0]
+        >>> bool(jnp.allclose(out, lda.predict(c1, theta, x)))
+        True
     """
     _check_theta(None, theta)
     d, dtype = theta.U11.shape[0], theta.U11.dtype
@@ -111,7 +115,10 @@ def predict(problem, theta, x):
             fit ``problem`` or non-finite values.
 
     Example:
-        >>> predict(c1, bayes_head(c1, "theta1"), x)  # equals c1.bayes(x)
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> x = jnp.array([[0.5, 0.5], [1.0, -1.0]])
+        >>> bool(jnp.allclose(lda.predict(c1, lda.bayes_head(c1, "theta1"), x), c1.bayes(x)))
+        True
     """
     problem, theta = _cast(problem, _check_theta(problem, theta))
     x = C.array(x, "x", ("n", "d"), dims={"d": problem.dim}, dtype=problem.dtype)
@@ -187,8 +194,12 @@ def risk(problem, theta, *, n_nodes: int = DEFAULT_NODES):
         ValueError: for mismatched shapes, non-finite values or a bad ``n_nodes``.
 
     Example:
-        >>> risk(c1, bayes_head(c1, "theta2"))  # equals c1.bayes_risk() to ~1e-15
-        >>> jax.grad(lambda th: risk(c1, th, n_nodes=64))(theta)  # a HeadParams
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> abs(float(lda.risk(c1, lda.bayes_head(c1, "theta2")) - c1.bayes_risk())) < 1e-12
+        True
+        >>> theta = lda.HeadParams.normal(2, key=jax.random.key(0))
+        >>> type(jax.grad(lambda th: lda.risk(c1, th, n_nodes=64))(theta)).__name__
+        'HeadParams'
     """
     n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
     problem, theta = _cast(problem, _check_theta(problem, theta))
@@ -219,7 +230,10 @@ def effective_risk(problem, w, b, r, s, *, n_nodes: int = DEFAULT_NODES):
         ValueError: naming the argument, for wrong shapes, non-finite values or a bad ``n_nodes``.
 
     Example:
-        >>> effective_risk(c1, *effective(c1, theta))  # equals risk(c1, theta)
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> theta = lda.HeadParams.normal(2, key=jax.random.key(0))
+        >>> bool(jnp.allclose(lda.effective_risk(c1, *lda.effective(c1, theta)), lda.risk(c1, theta)))
+        True
     """
     n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
     dtype, dims = common_float_dtype(problem.mean_pos, w, b, r, s), {"d": problem.dim}
@@ -365,7 +379,9 @@ def family_constraints(problem, theta, family: str = "theta1"):
         ValueError: for an unknown ``family``, or a ``theta`` whose shapes do not match ``problem``.
 
     Example:
-        >>> family_constraints(c1, bayes_head(c1, "theta2"), "theta2")  # zeros, to round-off
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> bool(np.abs(lda.family_constraints(c1, lda.bayes_head(c1, "theta2"), "theta2")).max() < 1e-12)  # zeros
+        True
     """
     C.check_choice(family, "family", ("theta1", "theta2"))
     problem, theta = _cast(problem, _check_theta(problem, theta))
@@ -402,7 +418,10 @@ def risk_hessian(problem, theta, *, n_nodes: int = DEFAULT_NODES):
         ValueError: for mismatched shapes, non-finite values or a bad ``n_nodes``.
 
     Example:
-        >>> np.linalg.eigvalsh(risk_hessian(c1, bayes_head(c1, "theta1")))  # d^2 + d - 1 zeros
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> eigenvalues = np.linalg.eigvalsh(lda.risk_hessian(c1, lda.bayes_head(c1, "theta1")))
+        >>> int((np.abs(eigenvalues) < 1e-8).sum()), int((eigenvalues > 1e-4).sum())  # d^2 + d - 1 zeros
+        (5, 4)
     """
     n_nodes = C.scalar(n_nodes, "n_nodes", low=0, integer=True)
     problem, theta = _cast(problem, _check_theta(problem, theta))

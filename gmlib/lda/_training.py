@@ -76,7 +76,11 @@ def gradient_descent(problem, theta0, optimizer, *, n_steps: int, record_every: 
         ValueError: naming the argument, for bad shapes or non-positive counts.
 
     Example:
-        >>> out = gradient_descent(c1, theta0, optax.sgd(1e-4), n_steps=10_000, record_every=100)
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> theta0 = lda.HeadParams.normal(2, key=jax.random.key(0))
+        >>> out = lda.gradient_descent(c1, theta0, optax.sgd(0.1), n_steps=200, record_every=100)
+        >>> out.metric.shape, bool(out.metric[-1] < out.metric[0])  # the risk at steps 0, 100, 200
+        ((3,), True)
     """
     problem, theta0 = _cast(problem, _check_theta(problem, theta0, "theta0"))
     risk = Partial(_Risk(C.scalar(n_nodes, "n_nodes", low=0, integer=True)), problem)
@@ -111,8 +115,11 @@ def sgd(problem, theta0, optimizer, *, key, n_steps: int, batch_size: int = 1, r
         ValueError: as :func:`gradient_descent`, and for a bad ``batch_size``.
 
     Example:
-        >>> out = sgd(c2, theta0, optax.sgd(1e-2), key=jax.random.key(0), n_steps=10_000,
-        ...           record_every=500)
+        >>> c1 = lda.LDAProblem([1.0, 0.0], [0.0, 1.0], jnp.eye(2), 0.6)  # configuration C1
+        >>> theta0 = lda.HeadParams.normal(2, key=jax.random.key(0))
+        >>> out = lda.sgd(c1, theta0, optax.sgd(1e-2), key=jax.random.key(0), n_steps=1000, record_every=500)
+        >>> out.metric.shape
+        (3,)
     """
     problem, theta0 = _cast(problem, _check_theta(problem, theta0, "theta0"))
     draw = _Draw(C.scalar(batch_size, "batch_size", low=0, integer=True))
