@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["COLUMN_WIDTH", "MIN_FONT_PT", "PALETTE", "STYLE", "Table", "animation_html", "check_figure",
-           "figure_problems", "glue", "legend", "loglog_slope"]
+           "figure_problems", "glue", "legend", "loglog_slope", "number"]
 
 #: Okabe–Ito colour-blind-safe palette, in the order the book uses it.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
@@ -97,22 +97,99 @@ def loglog_slope(x, y):
     return float(slope), float(intercept)
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+_MINUS = "\u2212"
+
+
+def number(x, digits: int | None = None, *, decimals: int | None = None, percent: bool = False) -> str:
+    r"""``x`` typeset for a page: 1.6 × 10⁻⁵, −0.25, 20,000, 85%: the one number format of the book.
+
+    A real number is rounded to ``digits`` significant digits (default 2) or, with
+    ``decimals``, to that many digits after the point (then kept, as a table column
+    needs). Rounded to significant digits, it is written in positional notation when
+    :math:`10^{-3} \le |x| < 10^5` (trailing zeros dropped, as Python's ``g`` format does)
+    and as :math:`m 	imes 10^{e}` otherwise, with a superscript exponent (and
+    :math:`10^{e}` alone for a mantissa of 1). An integer is written in full. Minus signs
+    are true minus signs (U+2212), thousands are separated by commas, and ``percent``
+    writes :math:`100x` followed by ``%``.
+
+    Args:
+        x: a finite real number (a Python, NumPy or JAX scalar, or a 0-d array).
+        digits: significant digits, a positive int (not with ``decimals``).
+        decimals: digits after the point, an int ≥ 0 (not with ``digits``).
+        percent: write ``x`` as a percentage.
+
+    Returns:
+        a ``str``: ``glue(name, value, digits=2)`` records it for the prose.
+
+    Raises:
+        ValueError: naming ``x`` (not a finite real number), ``digits`` or ``decimals``.
+
+    Example:
+        >>> number(1.62e-5), number(-0.25), number(20_000), number(0.8512, percent=True)
+        ('1.6 × 10⁻⁵', '−0.25', '20,000', '85%')
+        >>> number(3.14159, 3), number(2.5e6), number(1e-8), number(0.5, decimals=2)
+        ('3.14', '2.5 × 10⁶', '10⁻⁸', '0.50')
+    """
+    if digits is not None and decimals is not None:
+        raise ValueError(f"give `digits` or `decimals`, not both; got digits={digits}, decimals={decimals}")
+    for name, n, low in (("digits", digits, 1), ("decimals", decimals, 0)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < low):
+            raise ValueError(f"`{name}` must be an int ≥ {low}; got {n!r}")
+    arr = np.asarray(x)
+    if arr.ndim != 0 or arr.dtype.kind not in "biuf" or not np.isfinite(arr):
+        raise ValueError(f"`x` must be a finite real number; got {x!r}")
+    value = arr.item()
+    if percent:
+        return number(100 * value, digits, decimals=decimals) + "%"
+    if isinstance(value, (bool, int)) and decimals is None:
+        text = f"{value:,}"
+    elif decimals is not None:
+        text = f"{value:,.{decimals}f}"
+    else:
+        digits = 2 if digits is None else int(digits)
+        mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
+        exponent = int(exponent)
+        if -3 <= exponent < 5:
+            text = f"{float(f'{value:.{digits - 1}e}'):,.{max(digits - 1 - exponent, 0)}f}"
+            text = text.rstrip("0").rstrip(".") if "." in text else text
+        else:
+            mantissa = mantissa.rstrip("0").rstrip(".")
+            power = "10" + str(exponent).translate(_SUPERSCRIPT)
+            text = power if mantissa in ("1", "-1") else f"{mantissa} × {power}"
+            text = "-" + text if mantissa == "-1" else text
+    if text.startswith("-") and not text.strip("-0.,"):  # rounded to zero: no sign
+        text = text[1:]
+    return text.replace("-", _MINUS)
+
+
 _GLUE_PREFIX = "application/papermill.record/"
 
 
-def glue(name: str, value):
+def glue(name: str, value, *, digits: int | None = None, decimals: int | None = None, percent: bool = False):
     """Record ``value`` under ``name`` for the book's prose, and return it.
 
-    The text quotes it as ``{glue:text}`name``` or, formatted, ``{glue:text}`name:.3g```
-    (myst-nb's glue protocol; nothing is shown in the notebook). NumPy and JAX scalars
-    are recorded as Python numbers, so a format spec applies to them. Without IPython
-    (a plain script) it only returns ``value``.
+    The text quotes it as ``{glue:text}`name```. With ``digits``, ``decimals`` or
+    ``percent`` what is recorded is ``number(value, ...)``, the value typeset
+    (1.6 × 10⁻⁵, a true minus sign): quote it without a format spec. Without them the
+    value itself is recorded, and ``{glue:text}`name:.3g``` formats it (myst-nb's glue
+    protocol; NumPy and JAX scalars are recorded as Python numbers, so a format spec
+    applies to them). Nothing is shown in the notebook. Without IPython (a plain script)
+    it only returns ``value``.
+
+    Raises:
+        ValueError: what :func:`number` raises, when a format is asked for.
 
     Example:
         >>> slope, _ = glue("slope", loglog_slope([10, 100, 1000], [1.0, 0.1, 0.01]))
         >>> round(slope, 6)  # outside a notebook glue only returns its value
         -1.0
+        >>> glue("tiny", 1.62e-5, digits=2)  # the prose quotes {glue:text}`tiny`: 1.6 × 10⁻⁵
+        1.62e-05
     """
+    recorded = value
+    if digits is not None or decimals is not None or percent:
+        recorded = number(value, digits, decimals=decimals, percent=percent)
     try:
         from IPython import get_ipython
         from IPython.core.formatters import format_display_data
@@ -121,10 +198,10 @@ def glue(name: str, value):
         return value
     if get_ipython() is None:
         return value
-    shown = value
-    if np.ndim(value) == 0 and not isinstance(value, (str, bytes)):
-        item = np.asarray(value).item()
-        shown = item if isinstance(item, (bool, int, float)) else value
+    shown = recorded
+    if np.ndim(recorded) == 0 and not isinstance(recorded, (str, bytes)):
+        item = np.asarray(recorded).item()
+        shown = item if isinstance(item, (bool, int, float)) else recorded
     bundle, metadata = format_display_data(shown)
     metadata["scrapbook"] = dict(name=name, mime_prefix=_GLUE_PREFIX)
     display({_GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
@@ -194,15 +271,16 @@ class Table:
 
     Args:
         columns: the column headers.
-        rows: one sequence per row, as many entries as ``columns``. Real numbers are
-            shown rounded to ``digits`` significant digits, other entries as ``str``.
-        digits: significant digits of the numbers.
+        rows: one sequence per row, as many entries as ``columns``. Finite real numbers
+            are typeset by :func:`number` (integers in full, floats to ``digits``
+            significant digits), other entries shown as ``str``.
+        digits: significant digits of the floats.
 
     Example:
-        >>> Table(["L", "excess"], [(16, 0.0123456), (1024, 0.00234)])
+        >>> Table(["L", "excess"], [(16, 0.0123456), (1024, -2.5e-5)])
            L   excess
           16   0.0123
-        1,024  0.00234
+        1,024  −2.5 × 10⁻⁵
     """
 
     def __init__(self, columns, rows, *, digits: int = 3):
@@ -213,11 +291,10 @@ class Table:
         self.digits = digits
 
     def _cell(self, value) -> str:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+                or not np.isfinite(value):
             return str(value)
-        if isinstance(value, (int, np.integer)):
-            return f"{int(value):,}"
-        return f"{float(value):.{self.digits}g}"
+        return number(value, None if isinstance(value, (int, np.integer)) else self.digits)
 
     def _repr_html_(self) -> str:
         from html import escape

@@ -184,6 +184,7 @@ CASES: dict[str, Case] = {
     "gmlib.Batch": _NO_ARRAYS,  # a NamedTuple of what a sampler drew: no checks (it is built inside jit)
     "gmlib.TrainResult": _NO_ARRAYS,
     "gmlib.plotting.glue": _NO_ARRAYS,
+    "gmlib.plotting.number": _NO_ARRAYS,  # a scalar in, text out (test_plotting: what it refuses)
     "gmlib.plotting.legend": _NO_ARRAYS,  # a figure in, a legend out
     "gmlib.plotting.check_figure": _NO_ARRAYS,
     "gmlib.plotting.figure_problems": _NO_ARRAYS,

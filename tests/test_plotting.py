@@ -143,7 +143,7 @@ def test_legend_refuses_an_unknown_place(styled):
 def test_table_rounds_numbers_and_escapes_text():
     table = plotting.Table(["L", "excess <risk>"], [(16, 0.0123456), (1024, 2.5e-5)], digits=2)
     html = table._repr_html_()
-    assert "<td>0.012</td>" in html and "<td>1,024</td>" in html and "<td>2.5e-05</td>" in html
+    assert "<td>0.012</td>" in html and "<td>1,024</td>" in html and "<td>2.5 × 10⁻⁵</td>" in html
     assert "excess &lt;risk&gt;" in html and "0.0123456" not in repr(table)
     with pytest.raises(ValueError, match="`rows`"):
         plotting.Table(["a", "b"], [(1, 2), (3,)])
@@ -161,3 +161,61 @@ def test_animation_html_is_self_contained_and_bounded(styled):
     assert "font-awesome" not in html and "https://" not in html  # nothing fetched from outside the page
     with pytest.raises(ValueError, match="`max_bytes`"):
         plotting.animation_html(anim, max_bytes=len(html) // 2)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("x, kwargs, text", [
+    (1.62e-5, {}, "1.6 × 10⁻⁵"),
+    (-1.62e-5, {}, "\u22121.6 × 10⁻⁵"),  # a true minus sign, U+2212
+    (1e-8, {}, "10⁻⁸"),  # a mantissa of 1 is left out
+    (-1e-8, {}, "\u221210⁻⁸"),
+    (2.5e6, {"digits": 3}, "2.5 × 10⁶"),  # trailing zeros dropped
+    (123456.0, {"digits": 3}, "1.23 × 10⁵"),
+    (12345.0, {}, "12,000"),  # positional below 10⁵, with a thousands separator
+    (0.00099996, {}, "0.001"),  # rounded first, then the notation chosen
+    (0.000999, {}, "0.001"),
+    (0.0009, {}, "9 × 10⁻⁴"),
+    (3.14159, {"digits": 3}, "3.14"),
+    (9.96, {}, "10"),
+    (0.0, {}, "0"),
+    (-0.0, {}, "0"),
+    (-0.25, {}, "\u22120.25"),
+    (20_000, {}, "20,000"),  # an integer in full
+    (np.int64(-1234567), {}, "\u22121,234,567"),
+    (0.5, {"decimals": 2}, "0.50"),  # decimals keep their zeros
+    (-0.001, {"decimals": 2}, "0.00"),  # rounded to zero: no sign
+    (1234.5, {"decimals": 1}, "1,234.5"),
+    (0.8512, {"percent": True}, "85%"),
+    (0.8512, {"percent": True, "decimals": 1}, "85.1%"),
+    (np.float32(0.1), {"digits": 3}, "0.1"),
+])
+def test_number_typesets(x, kwargs, text):
+    assert plotting.number(x, **kwargs) == text
+
+
+_SUP = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
+
+
+def test_number_agrees_with_python_rounding():
+    """Positional or not, the digits are those of Python's own rounding (an independent format)."""
+    rng = np.random.default_rng(0)
+    for x in 10.0 ** rng.uniform(-9, 9, 300) * rng.choice([-1, 1], 300):
+        for digits in (1, 2, 3, 4):
+            text = plotting.number(x, digits).replace("\u2212", "-").replace(",", "")
+            if "⁻" in text or any(c in text for c in "⁰¹²³⁴⁵⁶⁷⁸⁹"):  # m × 10ᵉ, or 10ᵉ alone
+                head, _, power = text.rpartition("10")
+                mantissa = head.replace(" × ", "") or "1"
+                value = float("-1" if mantissa == "-" else mantissa) * 10.0 ** int(power.translate(_SUP))
+            else:
+                value = float(text)
+            assert value == pytest.approx(float(f"{x:.{digits - 1}e}"), rel=1e-12), (x, digits, text)
+
+
+@pytest.mark.parametrize("x, kwargs, match", [
+    (float("nan"), {}, "`x`"), (float("inf"), {}, "`x`"), ("0.5", {}, "`x`"), ([1.0, 2.0], {}, "`x`"),
+    (1 + 2j, {}, "`x`"), (0.5, {"digits": 0}, "`digits`"), (0.5, {"digits": 2.0}, "`digits`"),
+    (0.5, {"decimals": -1}, "`decimals`"), (0.5, {"digits": 2, "decimals": 2}, "`digits` or `decimals`"),
+])
+def test_number_refuses_what_it_cannot_typeset(x, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plotting.number(x, **kwargs)
