@@ -62,9 +62,11 @@ def in_context_bayes(prompt, queries, mask=None, *, gamma, xi, radius=3.0, weigh
 
     .. math::
 
-        f^\star(z) = \mathbb E[X \mid z_{1..L}, z]
-        = \frac{\int w(\tau)\, f_\tau(z)\, d\tau}{\int w(\tau)\, d\tau}, \qquad
-        w(\tau) = p(\tau) \prod_{i=1}^L p_\tau(z_i)\; p_\tau(z),
+        \begin{aligned}
+        f^\star(z) &= \mathbb E[X \mid z_{1..L}, z]
+        = \frac{\int w(\tau)\, f_\tau(z)\, d\tau}{\int w(\tau)\, d\tau},\\
+        w(\tau) &= p(\tau) \prod_{i=1}^L p_\tau(z_i)\; p_\tau(z),
+        \end{aligned}
 
     :math:`p_\tau = \pi_1 \mathcal N(m_1, sI) + \pi_2 \mathcal N(m_2, sI)` (the query's own
     likelihood enters). As :math:`p_\tau(z) \beta_k(z; \tau) \propto \pi_k e^{m_k^\top z/s}`,
@@ -72,8 +74,10 @@ def in_context_bayes(prompt, queries, mask=None, *, gamma, xi, radius=3.0, weigh
 
     .. math::
 
-        f^\star(z) = (1 - a) z + a\, \frac{\int e^{m^\top z/s}\, m\, H(dm)}{\int e^{m^\top z/s}\, H(dm)},
-        \qquad H = \mathbb E\big[\pi_1 \delta_{m_1} + \pi_2 \delta_{m_2} \,\big|\, z_{1..L}\big]:
+        \begin{aligned}
+        f^\star(z) &= (1 - a) z + a\, \frac{\int e^{m^\top z/s}\, m\, H(dm)}{\int e^{m^\top z/s}\, H(dm)},\\
+        H &= \mathbb E\big[\pi_1 \delta_{m_1} + \pi_2 \delta_{m_2} \,\big|\, z_{1..L}\big]:
+        \end{aligned}
 
     the minimiser of :math:`\mathbb E\|f(z_{1..L}, z) - X\|^2` (and of the excess over
     :math:`f_\tau`) over all predictors, the book's reference on finite prompts (chapter 7;
@@ -96,9 +100,11 @@ def in_context_bayes(prompt, queries, mask=None, *, gamma, xi, radius=3.0, weigh
 
     .. math::
 
-        n_{\rm angles} = \max\Big(64, 8\Big\lceil \frac{2\pi r}{12}
-        \sqrt{\frac{\pi_{hi}(L + 1)}{s}}\Big\rceil\Big), \qquad
-        n_{\rm weights} = \max\big(8, 2\lceil 1.25(\pi_{hi} - \pi_{lo})\sqrt{L + 1}\rceil\big)
+        \begin{aligned}
+        n_{\rm angles} &= \max\Big(64, 8\Big\lceil \frac{2\pi r}{12}
+        \sqrt{\frac{\pi_{hi}(L + 1)}{s}}\Big\rceil\Big),\\
+        n_{\rm weights} &= \max\big(8, 2\lceil 1.25(\pi_{hi} - \pi_{lo})\sqrt{L + 1}\rceil\big)
+        \end{aligned}
 
     (L the number of rows, masked or not): (64, 8), (72, 14), (128, 26) at L = 16, 64, 256
     for r = 3, s = 2, where the predictions are within 1e-5 (root mean square; 1e-4 at

@@ -40,9 +40,11 @@ def in_context_bayes(prompt, queries, mask=None, *, radius=1.5):
 
     .. math::
 
-        f^\star(x) = \log\frac{P(y = 1 \mid x, \text{prompt})}{P(y = -1 \mid x, \text{prompt})}
-        = \log\frac{A(r\|S_1 + x\|)}{A(r\|S_1\|)} - \log\frac{A(r\|S_{-1} + x\|)}{A(r\|S_{-1}\|)},
-        \qquad A(\kappa) = \int_0^\pi e^{\kappa\cos t} \sin^{d-2} t\, dt
+        \begin{aligned}
+        f^\star(x) &= \log\frac{P(y = 1 \mid x, \text{prompt})}{P(y = -1 \mid x, \text{prompt})}\\
+        &= \log\frac{A(r\|S_1 + x\|)}{A(r\|S_1\|)} - \log\frac{A(r\|S_{-1} + x\|)}{A(r\|S_{-1}\|)},\\
+        A(\kappa) &= \int_0^\pi e^{\kappa\cos t} \sin^{d-2} t\, dt
+        \end{aligned}
 
     (``log_sphere_integral``; :math:`A(\kappa) \propto \kappa^{1 - d/2} I_{d/2-1}(\kappa)`).
     It minimises the logistic risk :math:`\mathbb E \log(1 + e^{-Y f})` over all predictors of
