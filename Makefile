@@ -38,7 +38,7 @@ help:
 	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
 	@echo "make lowest the smoke tests and chapter 1 at the lowest versions pyproject.toml declares"
 	@echo "make bench  the benchmark table (ratios against baselines measured in the same run)"
-	@echo "make site-check  open every page of the built book in headless Chromium"
+	@echo "make site-check  open every page of the built book in headless Chromium (axe-core too)"
 	@echo "make twins  regenerate each chapter's .ipynb from its MyST .md twin"
 	@echo "make format ruff-format the code cells of every twin (book/ruff.toml), then make twins"
 	@echo "make student  the chapters without solutions, _build/student/NN_*.ipynb, each executed"
@@ -138,7 +138,18 @@ lowest:
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
-site-check: $(STAMP)
+# axe-core, the accessibility engine the site check runs on every page (light and dark),
+# fetched once from npm as MathJax is; only its one script is kept.
+AXE := _axe/axe.min.js
+AXE_VERSION := 4.14.1
+$(AXE):
+	rm -rf _axe && mkdir -p _axe/.pack
+	cd _axe/.pack && { npm pack -q axe-core@$(AXE_VERSION) >/dev/null 2>&1 || \
+		curl -fsSLO https://registry.npmjs.org/axe-core/-/axe-core-$(AXE_VERSION).tgz; }
+	tar -xzf _axe/.pack/axe-core-$(AXE_VERSION).tgz -C _axe/.pack
+	mv _axe/.pack/package/axe.min.js _axe/ && rm -rf _axe/.pack
+
+site-check: $(STAMP) $(AXE)
 	$(BIN)/python tests/site_check.py
 
 twins: $(STAMP)

@@ -319,27 +319,41 @@ class _HTML:
         return self.html
 
 
-def animation_html(anim, *, dpi: float = 100, max_bytes: int = 3_000_000):
+def animation_html(anim, *, alt: str, dpi: float = 100, max_bytes: int = 3_000_000):
     """A ``matplotlib.animation.Animation`` as a self-contained HTML player for the page.
 
     Rendered with ``to_jshtml`` (frames as embedded PNGs, no ffmpeg) at ``dpi`` (100: frames
     at their displayed size), without the Font Awesome stylesheet it would fetch from a CDN
     (the book's theme draws the buttons; elsewhere they show without icons and still work).
+    The frames carry ``alt`` as their text alternative and the frame slider is labelled
+    "Frame" (WCAG 2.1 AA: matplotlib's player has neither); its buttons are buttons, so the
+    player works from the keyboard.
+
+    Args:
+        anim: the animation.
+        alt: what the animation shows, in a sentence (its caption's first sentence, say).
+        dpi: the frames' resolution.
+        max_bytes: the most the player may weigh on the page.
 
     Returns:
         an object a notebook shows as the player (its text is ``.html``).
 
     Raises:
-        ValueError: when the page would carry more than ``max_bytes`` of it (fewer frames,
-            a lower ``dpi`` or a smaller figure fix that).
+        ValueError: naming ``alt`` when it is empty, or when the page would carry more
+            than ``max_bytes`` of it (fewer frames, a lower ``dpi`` or a smaller figure fix that).
     """
+    import html as html_lib
     import re
 
     import matplotlib
 
+    if not isinstance(alt, str) or not alt.strip():
+        raise ValueError(f"`alt` must be a sentence saying what the animation shows; got {alt!r}")
     with matplotlib.rc_context({"savefig.dpi": dpi}):
         html = anim.to_jshtml(default_mode="once")
     html = re.sub(r'<link rel="stylesheet"\s+href="https?://[^"]*font-awesome[^>]*>', "", html)
+    html = html.replace('<img id="_anim_img', f'<img alt="{html_lib.escape(alt)}" id="_anim_img', 1)
+    html = html.replace('<input id="_anim_slider', '<input aria-label="Frame" id="_anim_slider', 1)
     if len(html) > max_bytes:
         raise ValueError(f"the animation takes {len(html):,} bytes, over `max_bytes` = {max_bytes:,}")
     return _HTML(html)

@@ -19,6 +19,10 @@ page with Playwright driving Debian's Chromium. Per page it checks that
   errors listed in KNOWN_ERRORS (printed on every run, with why they are tolerated);
 * no local request fails (status >= 400 or a network error: a missing CSS/JS/image);
 * every internal link resolves: the target file exists and, for ``#anchor``, has that id;
+* WCAG 2.1 AA, in the light and the dark theme: axe-core (``_axe/axe.min.js``, fetched by
+  ``make site-check`` from npm as MathJax is) finds no violation of the ``wcag2a``,
+  ``wcag2aa``, ``wcag21a`` and ``wcag21aa`` rules on any page, and no image in a page's
+  article has its file name for a text alternative;
 * each chapter page (``book/NN_*.html``) carries the Colab button with the URL of that
   chapter's notebook, ``https://colab.research.google.com/github/<org>/<repo>/blob/<branch>/book/<name>.ipynb``
   (from ``_config.yml``'s ``repository``), and the notebook exists in the checkout.
@@ -30,7 +34,7 @@ them. Any request for something outside the site is a problem: it is aborted and
     .venv/bin/python tests/site_check.py [--html _build/html] [--chromium /usr/bin/chromium]
 
 Exit status: 0 when every check passes, 1 when one fails, 2 when it cannot run (no
-Chromium, no Playwright, no build); tests/test_site.py turns 2 into a skip.
+Chromium, no Playwright, no axe-core, no build); tests/test_site.py turns 2 into a skip.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ KNOWN_ERRORS = {
     "console error: Got invalid theme mode: . Resetting to auto.":
         "pydata-sphinx-theme logs this on a reader's first visit, before a light/dark mode is stored",
 }
+#: axe-core, the accessibility engine run on every page (fetched by `make site-check`), and
+#: the rules it runs: WCAG 2.0 and 2.1, levels A and AA.
+AXE = ROOT / "_axe" / "axe.min.js"
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+_AXE_RUN = """async (tags) => (await axe.run(document, {runOnly: {type: 'tag', values: tags}})).violations
+    .map(v => [v.id, v.help, v.nodes.length, v.nodes[0].target.join(' ')])"""
 #: Figures: a PNG in a cell's output at least this wide (px), shown at >= 97 % of half its width.
 MIN_FIGURE_PX = 1200
 WINDOW = {"width": 1400, "height": 900}
@@ -191,9 +201,24 @@ _PAGE_STATE = """async () => {
         .map(e => 'undefined control sequence ' + Array.from(e.querySelectorAll('mjx-c'))
             .map(c => String.fromCodePoint(parseInt(c.className.replace(/.*mjx-c([0-9A-F]+).*/, '$1'), 16))).join(''))),
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+    file_alts: Array.from(main.querySelectorAll('img')).map(i => i.getAttribute('alt') || '')
+        .filter(a => /\.(png|svg|jpe?g|gif)$/i.test(a)),
     colab: Array.from(document.querySelectorAll('a[href*="colab.research.google.com"]')).map(a => a.href),
   };
 }"""
+
+
+def find_axe() -> pathlib.Path:
+    if not AXE.exists():
+        raise CannotRun(f"axe-core is missing at {AXE} (`make site-check` fetches it)")
+    return AXE
+
+
+def accessibility(page, mode: str) -> list[str]:
+    """The WCAG 2.1 A/AA violations axe-core finds on ``page`` (loaded, formulas typeset)."""
+    page.add_script_tag(path=str(find_axe()))
+    return [f"accessibility ({mode}): {rule}, {n} element(s), e.g. {target!r}: {what}"
+            for rule, what, n, target in page.evaluate(_AXE_RUN, AXE_TAGS)]
 
 
 def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
@@ -269,6 +294,9 @@ def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
                     bad = check_link(html, path, href, origin)
                     if bad:
                         errors.append(bad)
+                for alt in state["file_alts"]:
+                    errors.append(f"an image's text alternative is its file name: {alt[:60]!r}")
+                errors += accessibility(page, "light")
                 m = chapter.match(rel)
                 if m:
                     want = expected_colab(m[1])
@@ -284,6 +312,23 @@ def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
                           flush=True)
                 tolerated.update(e for e in errors if e in KNOWN_ERRORS)
                 problems += [f"{rel}: {e}" for e in errors if e not in KNOWN_ERRORS]
+            # The dark theme, as a reader who chose it sees every page: its colours checked again.
+            dark = browser.new_context(viewport=WINDOW, color_scheme="dark")
+            dark.add_init_script("localStorage.setItem('mode', 'dark'); localStorage.setItem('theme', 'dark');")
+            dark.route("**/*", route)
+            page = dark.new_page()
+            for path in pages(html):
+                rel = path.relative_to(html).as_posix()
+                if re.search(r'http-equiv="refresh"', path.read_text(), re.I):
+                    continue
+                page.goto(f"{origin}/{rel}", wait_until="load")
+                page.evaluate(_PAGE_STATE)  # images loaded, formulas typeset
+                errors = (["the dark theme is not applied"]
+                          if page.evaluate("document.documentElement.dataset.theme") != "dark" else [])
+                errors += accessibility(page, "dark")
+                if verbose:
+                    print(f"{rel} (dark theme): " + (f"{len(errors)} problem(s)" if errors else "ok"), flush=True)
+                problems += [f"{rel}: {e}" for e in errors]
             browser.close()
     finally:
         server.shutdown()
@@ -308,6 +353,7 @@ def main(argv=None) -> int:
         except ImportError:
             raise CannotRun("the Python package `playwright` is not installed (pip install playwright)") from None
         chromium = find_chromium(args.chromium)
+        find_axe()
     except CannotRun as exc:
         print(f"site check cannot run: {exc}")
         return 2

@@ -1,5 +1,7 @@
 """gmlib.plotting: the log-log fit against exact power laws, its bad input, and glue."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -156,11 +158,16 @@ def test_animation_html_is_self_contained_and_bounded(styled):
     (line,) = ax.plot([], [])
     ax.set(xlim=(0, 3), ylim=(0, 9))
     anim = FuncAnimation(fig, lambda i: line.set_data(range(i + 1), [k * k for k in range(i + 1)]), frames=3)
-    html = plotting.animation_html(anim).html
+    html = plotting.animation_html(anim, alt="A parabola <drawn> point by point.").html
     assert "_anim_img" in html and html.count("data:image/png;base64") >= 3  # the frames are embedded
     assert "font-awesome" not in html and "https://" not in html  # nothing fetched from outside the page
+    # a text alternative for the frames (escaped), a label for the slider (WCAG 2.1 AA)
+    assert re.search(r'<img alt="A parabola &lt;drawn&gt; point by point\." id="_anim_img', html)
+    assert re.search(r'<input aria-label="Frame" id="_anim_slider[^>]*type="range"', html)
     with pytest.raises(ValueError, match="`max_bytes`"):
-        plotting.animation_html(anim, max_bytes=len(html) // 2)
+        plotting.animation_html(anim, alt="A parabola.", max_bytes=len(html) // 2)
+    with pytest.raises(ValueError, match="`alt`"):
+        plotting.animation_html(anim, alt=" ")
 
 
 @pytest.mark.smoke

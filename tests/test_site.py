@@ -18,6 +18,7 @@ def test_built_site_in_chromium():
             raise site_check.CannotRun(f"no built site at {html} (run `make book` first)")
         pytest.importorskip("playwright", reason="the `playwright` package is not installed")
         chromium = site_check.find_chromium()
+        site_check.find_axe()
     except site_check.CannotRun as exc:
         pytest.skip(f"browser check of the site skipped: {exc}")
     problems = site_check.check_site(html.resolve(), chromium, verbose=False)
