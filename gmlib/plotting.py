@@ -102,7 +102,7 @@ _MINUS = "\u2212"
 
 
 def number(x, digits: int | None = None, *, decimals: int | None = None, percent: bool = False) -> str:
-    r"""``x`` typeset for a page: 1.6 × 10⁻⁵, −0.25, 20,000, 85%: the one number format of the book.
+    r"""``x`` typeset for a page: 1.6 × 10⁻⁵, −0.25, 20,000, 85 %: the one number format of the book.
 
     A real number is rounded to ``digits`` significant digits (default 2) or, with
     ``decimals``, to that many digits after the point (then kept, as a table column
@@ -111,7 +111,7 @@ def number(x, digits: int | None = None, *, decimals: int | None = None, percent
     and as :math:`m 	imes 10^{e}` otherwise, with a superscript exponent (and
     :math:`10^{e}` alone for a mantissa of 1). An integer is written in full. Minus signs
     are true minus signs (U+2212), thousands are separated by commas, and ``percent``
-    writes :math:`100x` followed by ``%``.
+    writes :math:`100x` followed by a no-break space and ``%`` (the book's "within 2 %").
 
     Args:
         x: a finite real number (a Python, NumPy or JAX scalar, or a 0-d array).
@@ -127,7 +127,7 @@ def number(x, digits: int | None = None, *, decimals: int | None = None, percent
 
     Example:
         >>> number(1.62e-5), number(-0.25), number(20_000), number(0.8512, percent=True)
-        ('1.6 × 10⁻⁵', '−0.25', '20,000', '85%')
+        ('1.6 × 10⁻⁵', '−0.25', '20,000', '85\xa0%')
         >>> number(3.14159, 3), number(2.5e6), number(1e-8), number(0.5, decimals=2)
         ('3.14', '2.5 × 10⁶', '10⁻⁸', '0.50')
     """
@@ -141,7 +141,7 @@ def number(x, digits: int | None = None, *, decimals: int | None = None, percent
         raise ValueError(f"`x` must be a finite real number; got {x!r}")
     value = arr.item()
     if percent:
-        return number(100 * value, digits, decimals=decimals) + "%"
+        return number(100 * value, digits, decimals=decimals) + "\u00a0%"  # a no-break space
     if isinstance(value, (bool, int)) and decimals is None:
         text = f"{value:,}"
     elif decimals is not None:

@@ -192,8 +192,8 @@ def test_animation_html_is_self_contained_and_bounded(styled):
     (0.5, {"decimals": 2}, "0.50"),  # decimals keep their zeros
     (-0.001, {"decimals": 2}, "0.00"),  # rounded to zero: no sign
     (1234.5, {"decimals": 1}, "1,234.5"),
-    (0.8512, {"percent": True}, "85%"),
-    (0.8512, {"percent": True, "decimals": 1}, "85.1%"),
+    (0.8512, {"percent": True}, "85\u00a0%"),  # after a no-break space
+    (0.8512, {"percent": True, "decimals": 1}, "85.1\u00a0%"),
     (np.float32(0.1), {"digits": 3}, "0.1"),
 ])
 def test_number_typesets(x, kwargs, text):
