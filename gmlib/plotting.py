@@ -108,7 +108,7 @@ def number(x, digits: int | None = None, *, decimals: int | None = None, percent
     ``decimals``, to that many digits after the point (then kept, as a table column
     needs). Rounded to significant digits, it is written in positional notation when
     :math:`10^{-3} \le |x| < 10^5` (trailing zeros dropped, as Python's ``g`` format does)
-    and as :math:`m 	imes 10^{e}` otherwise, with a superscript exponent (and
+    and as :math:`m \times 10^{e}` otherwise, with a superscript exponent (and
     :math:`10^{e}` alone for a mantissa of 1). An integer is written in full. Minus signs
     are true minus signs (U+2212), thousands are separated by commas, and ``percent``
     writes :math:`100x` followed by a no-break space and ``%`` (the book's "within 2 %").
