@@ -202,7 +202,7 @@ _PAGE_STATE = """async () => {
             .map(c => String.fromCodePoint(parseInt(c.className.replace(/.*mjx-c([0-9A-F]+).*/, '$1'), 16))).join(''))),
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
     file_alts: Array.from(main.querySelectorAll('img')).map(i => i.getAttribute('alt') || '')
-        .filter(a => /\.(png|svg|jpe?g|gif)$/i.test(a)),
+        .filter(a => /[.](png|svg|jpe?g|gif)$/i.test(a)),
     colab: Array.from(document.querySelectorAll('a[href*="colab.research.google.com"]')).map(a => a.href),
   };
 }"""
