@@ -208,6 +208,11 @@ _PAGE_STATE = """async () => {
 }"""
 
 
+def redirect(path: pathlib.Path):
+    """The match of a redirect page's refresh target (``index.html``), or ``None``."""
+    return re.search(r'http-equiv="refresh"\s+content="\d+;\s*url=([^"]+)"', path.read_text(), re.I)
+
+
 def find_axe() -> pathlib.Path:
     if not AXE.exists():
         raise CannotRun(f"axe-core is missing at {AXE} (`make site-check` fetches it)")
@@ -244,7 +249,7 @@ def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
             context.route("**/*", route)
             for path in pages(html):
                 rel = path.relative_to(html).as_posix()
-                refresh = re.search(r'http-equiv="refresh"\s+content="\d+;\s*url=([^"]+)"', path.read_text(), re.I)
+                refresh = redirect(path)
                 if refresh:  # a redirect page (index.html): its target must exist
                     bad = check_link(html, path, urllib.parse.urljoin(f"{origin}/{rel}", refresh[1]), origin)
                     problems += [f"{rel}: redirect: {bad}"] if bad else []
@@ -319,7 +324,7 @@ def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
             page = dark.new_page()
             for path in pages(html):
                 rel = path.relative_to(html).as_posix()
-                if re.search(r'http-equiv="refresh"', path.read_text(), re.I):
+                if redirect(path):
                     continue
                 page.goto(f"{origin}/{rel}", wait_until="load")
                 page.evaluate(_PAGE_STATE)  # images loaded, formulas typeset

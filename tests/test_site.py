@@ -46,3 +46,35 @@ def test_bare_outputs_are_found():
     assert site_check.bare_outputs(outputs) == ["np.float64(0.00059)", "45.82702461417883", "on 1 cpu device(s)",
                                                 "Array([[0.75, 0.25]])"]
     assert site_check.bare_outputs([("stream", "the excess is 0.1 at L = 16\n"), ("other", "1.5")]) == []
+
+
+def test_accessibility_finds_a_violation(tmp_path):
+    """axe-core, as the site check runs it, reports an image without a text alternative and
+    an unlabelled slider, and nothing on the same page once both are named."""
+    try:
+        pytest.importorskip("playwright", reason="the `playwright` package is not installed")
+        chromium, _ = site_check.find_chromium(), site_check.find_axe()
+    except site_check.CannotRun as exc:
+        pytest.skip(f"accessibility check skipped: {exc}")
+    from playwright.sync_api import sync_playwright
+
+    page_html = ('<!DOCTYPE html><html lang="en"><head><title>t</title></head>'
+                 '<body><main><h1>t</h1>{}</main></body></html>')
+    bad = '<img src="x.png"><input type="range">'
+    good = '<img src="x.png" alt="A plot."><input type="range" aria-label="Frame">'
+    (tmp_path / "bad.html").write_text(page_html.format(bad))
+    (tmp_path / "good.html").write_text(page_html.format(good))
+    server, origin = site_check.serve(tmp_path)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, headless=True, args=site_check.CHROMIUM_ARGS)
+            page = browser.new_page()
+            found = {}
+            for name in ("bad", "good"):
+                page.goto(f"{origin}/{name}.html", wait_until="load")
+                found[name] = site_check.accessibility(page, "light")
+            browser.close()
+    finally:
+        server.shutdown()
+    assert any("image-alt" in v for v in found["bad"]) and any(": label," in v for v in found["bad"])
+    assert found["good"] == []
