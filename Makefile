@@ -25,7 +25,7 @@ JOBS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 # Chapters executed at once (tests/execute_chapters.py, tests/nbval_chapters.py): one kernel each.
 EXEC_JOBS ?= $(JOBS)
 
-.PHONY: book test unit nbval strict lowest bench site-check twins format tools student assignments clean help
+.PHONY: book test unit nbval strict pdf lowest bench site-check twins format tools student assignments clean help
 
 help:
 	@echo "make book   build the HTML book into _build/html (executes every chapter)"
@@ -36,6 +36,8 @@ help:
 	@echo "make nbval NB=book/03_lda_landscape.ipynb   re-execute some notebooks through nbval,"
 	@echo "            comparing outputs with the last build's where it has them (else only run)"
 	@echo "make strict the strict build CI runs (warnings are errors, fresh execution)"
+	@echo "make pdf    the whole book as one PDF, _build/latex/book.pdf, from the outputs the last"
+	@echo "            \`make book\` or \`make strict\` cached (nothing executed again; installs TeX Live)"
 	@echo "make lowest the smoke tests and chapter 1 at the lowest versions pyproject.toml declares"
 	@echo "make bench  the benchmark table (ratios against baselines measured in the same run)"
 	@echo "make site-check  open every page of the built book in headless Chromium (axe-core too)"
@@ -118,6 +120,32 @@ strict: $(STAMP) $(MATHJAX)
 	rm -rf _build
 	$(BIN)/python tests/execute_chapters.py --jobs $(EXEC_JOBS)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
+
+# The PDF edition, _build/latex/book.pdf: Jupyter Book's `pdflatex` builder (sphinx-jupyterbook-
+# latex, XeLaTeX; _config.yml's `latex` and `latex_elements`, book/_ext/pdf_edition.py), warnings
+# are errors. It is made of the outputs the last `make book` or `make strict` left in the build's
+# jupyter-cache, and never executes a chapter itself: pdf_edition.py first fails naming any
+# chapter the cache lacks (the build would execute it). TeX Live and the fonts come from
+# Debian's packages, installed when missing (as .ci/run installs Chromium), with sudo unless
+# root: about 125 MB to download, 400 MB on disk. Not texlive-fonts-extra: 500 MB for the one
+# package, bbm.sty, that sphinx-jupyterbook-latex loads and the book does not use (pdf_edition.py
+# puts a stand-in in the LaTeX folder). poppler-utils reads the PDF back (tests/test_pdf.py).
+# XeLaTeX never stops to ask (-halt-on-error); on an error the log's error lines are printed.
+TEX_PACKAGES := texlive-xetex texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended \
+	latexmk xindy fonts-freefont-otf fonts-dejavu-core fonts-texgyre-math poppler-utils
+pdf: $(STAMP)
+	@missing=$$(for p in $(TEX_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); echo "installing" $$missing; \
+		$$SUDO apt-get update -qq && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	$(BIN)/python book/_ext/pdf_edition.py
+	LATEXOPTS=-halt-on-error LATEXMKOPTS=-silent $(BIN)/jupyter-book build . --builder pdflatex \
+		-W -n --keep-going || { grep -s -A4 '^!' _build/latex/book.log; exit 1; }
+	@echo ""
+	@echo "The PDF is at: $(CURDIR)/_build/latex/book.pdf"
 
 # The lower bounds pyproject.toml declares, tested: a fresh venv with gmlib's own dependencies
 # at exactly those versions (tests/lowest_constraints.py; everything else at the newest version
