@@ -1,7 +1,7 @@
 """Doctest set-up: `make unit` runs every ``>>>`` example of gmlib's docstrings as written.
 
 float64 is on (as in tests/conftest.py), and the examples may use, unimported, the names a
-chapter imports: ``jax``, ``jnp``, ``np``, ``optax``, ``gmlib``, ``lda`` and ``denoise``.
+chapter imports: ``jax``, ``jnp``, ``np``, ``optax``, ``gmlib``, ``lda``, ``denoise`` and ``regression``.
 """
 
 import jax
@@ -17,6 +17,7 @@ def _doctest_names(doctest_namespace):
     import optax
 
     import gmlib
-    from gmlib import denoise, lda
+    from gmlib import denoise, lda, regression
 
-    doctest_namespace.update(jax=jax, jnp=jnp, np=np, optax=optax, gmlib=gmlib, lda=lda, denoise=denoise)
+    doctest_namespace.update(jax=jax, jnp=jnp, np=np, optax=optax, gmlib=gmlib, lda=lda, denoise=denoise,
+                             regression=regression)

@@ -5,7 +5,8 @@ Gabet, Boursier and Boyer, "Softmax Attention on Gaussian Mixtures: Linear When
 It Can, Selective When It Must" (arXiv:2610.11798).
 
 Submodules: :mod:`gmlib.lda` (LDA with one head), :mod:`gmlib.denoise`
-(denoising), :mod:`gmlib.plotting` (the book's figure style).
+(denoising), :mod:`gmlib.regression` (in-context linear regression with linear attention),
+:mod:`gmlib.plotting` (the book's figure style).
 """
 
 from gmlib._loop import TrainResult, optimize, run_chunks

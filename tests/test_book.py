@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 NOTEBOOKS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb")) + [BOOK / "template.ipynb"]
 CHAPTERS = [nb for nb in NOTEBOOKS if nb.name != "template.ipynb"]
-PUBLIC_MODULES = ["gmlib", "gmlib.lda", "gmlib.denoise", "gmlib.train", "gmlib.plotting"]
+PUBLIC_MODULES = ["gmlib", "gmlib.lda", "gmlib.denoise", "gmlib.regression", "gmlib.train", "gmlib.plotting"]
 
 
 def cells(path):

@@ -25,7 +25,7 @@ import gmlib
 from gmlib import denoise, lda
 from strategies import assert_rejects
 
-MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.train"]
+MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.regression", "gmlib.train"]
 #: sizes: keyword-only wherever they appear
 SIZES = {"n_nodes", "n_samples", "n_steps", "n_heads", "n_iter", "batch_size", "prompt_length", "record_every",
          "chunk_records", "n_queries", "n_records"}
@@ -135,6 +135,10 @@ def _theta():
 
 _PROMPT = np.linspace(-1, 1, 10).reshape(5, 2)
 _NO_ARRAYS = Case(lambda: (None, {}))
+
+
+def _clean_batch():
+    return denoise.clean_context_sampler(2, 2, within_var=0.1, noise_var=0.1)(jax.random.key(0), 2, 5)
 
 CASES: dict[str, Case] = {
     "gmlib.GaussianMixture": Case(lambda: (gmlib.GaussianMixture, dict(
@@ -285,6 +289,26 @@ CASES: dict[str, Case] = {
     "gmlib.denoise.tanh_fixed_point": _NO_ARRAYS,
     "gmlib.denoise.cluster_limits": Case(lambda: (denoise.cluster_limits, dict(problem=denoise.DenoisingProblem(
         [0.5, 0.5], [[0.0, 3.0], [0.0, -3.0]], 0.0, 2.0), starts=np.ones((3, 2)))), ("starts",), ("starts",)),
+    # ---- chapter 10: gmlib.denoise.clean_context and gmlib.regression
+    "gmlib.denoise.clean_context_sampler": _NO_ARRAYS,  # numbers only (tests/test_denoise_clean_context.py)
+    "gmlib.denoise.CleanTasks": _NO_ARRAYS,  # a container the sampler fills
+    "gmlib.denoise.TemperedRisk": _NO_ARRAYS,  # a container tempered_risk fills
+    "gmlib.denoise.TemperedRisk.risk_at": _NO_ARRAYS,  # a quadratic in alpha, broadcast
+    "gmlib.denoise.tempered_risk": Case(lambda: (denoise.tempered_risk, dict(
+        batch=_clean_batch(), betas=np.array([1.0, 2.0]))), ("betas",), ("betas",)),
+    "gmlib.denoise.known_centres_bayes": _NO_ARRAYS,  # a Batch the sampler drew
+    "gmlib.denoise.cluster_labels": Case(lambda: (denoise.cluster_labels, dict(
+        prompt=np.linspace(-1, 1, 20).reshape(2, 5, 2), n_clusters=2)), ("prompt",), ("prompt",)),
+    "gmlib.denoise.clean_context_bayes": Case(lambda: (denoise.clean_context_bayes, dict(
+        batch=_clean_batch(), labels=np.zeros((2, 5), np.int32))), ("labels",)),
+    "gmlib.denoise.train_clean_context": _NO_ARRAYS,  # a Batch and an optimizer
+    "gmlib.regression.regression_sampler": _NO_ARRAYS,  # numbers only (tests/test_regression.py)
+    "gmlib.regression.gd_heads": _NO_ARRAYS,  # a number, checked by name (tests/test_regression.py)
+    "gmlib.regression.lsa_heads": _NO_ARRAYS,  # a dict of matrices, checked by gmlib.Heads
+    "gmlib.regression.predict": _NO_ARRAYS,  # heads and a Batch
+    "gmlib.regression.train_lsa": _NO_ARRAYS,  # a sampler and numbers
+    "gmlib.regression.Alignment": _NO_ARRAYS,  # a container alignment fills
+    "gmlib.regression.alignment": _NO_ARRAYS,  # heads (checked by out_dim) and a Batch
     "gmlib.plotting.loglog_slope": Case(lambda: (gmlib.plotting.loglog_slope, dict(
         x=np.array([1.0, 2.0, 4.0]), y=np.array([1.0, 0.5, 0.25]))), ("x", "y"), ("x", "y")),
 }

@@ -42,6 +42,12 @@ What lives where (everything is imported here, ``gmlib.denoise.<name>``):
   denoiser (the posterior mean over tasks given the prompt: the best any predictor can do
   from a finite prompt; quadrature in d ≤ 2, importance sampling with a standard error in
   any d);
+- :mod:`gmlib.denoise.clean_context`: in-context denoising from clean tokens, the setting of
+  Smart, Bietti and Sengupta (2025) (the book's chapter 10): :func:`clean_context_sampler`,
+  :func:`tempered_risk` (the tempered head over its inverse temperature),
+  :func:`known_centres_bayes`, :func:`clean_context_bayes` with :func:`cluster_labels` (the
+  Bayes-optimal in-context denoiser, bracketed), :func:`train_clean_context` (their
+  one-layer model, trained as they train it);
 - :mod:`gmlib.denoise.iterated`: the iterated denoiser of Prop 4.3: :func:`iterate`,
   :func:`separation`, :func:`tanh_fixed_point`, :func:`cluster_limits`.
 
@@ -50,6 +56,16 @@ Everything except the host functions (:func:`tanh_fixed_point`, :func:`cluster_l
 checks works under ``jit``, ``vmap`` and ``grad``, in float32 and float64.
 """
 
+from gmlib.denoise.clean_context import (
+    CleanTasks,
+    TemperedRisk,
+    clean_context_bayes,
+    clean_context_sampler,
+    cluster_labels,
+    known_centres_bayes,
+    tempered_risk,
+    train_clean_context,
+)
 from gmlib.denoise.general_heads import (
     augment,
     fewer_heads,
@@ -110,6 +126,14 @@ __all__ = [
     "train_in_context",
     "trained_excess",
     "in_context_bayes",
+    "clean_context_sampler",
+    "CleanTasks",
+    "tempered_risk",
+    "TemperedRisk",
+    "known_centres_bayes",
+    "cluster_labels",
+    "clean_context_bayes",
+    "train_clean_context",
     "iterate",
     "separation",
     "tanh_fixed_point",
