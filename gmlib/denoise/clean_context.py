@@ -82,7 +82,7 @@ class TemperedRisk(NamedTuple):
 
     @property
     def alpha(self) -> jax.Array:
-        """The best output scale for each β, :math:`C_\beta / P_\beta`, shape (n_betas,)."""
+        r"""The best output scale for each β, :math:`C_\beta / P_\beta`, shape (n_betas,)."""
         return self.cross / self.power
 
     @property
@@ -166,7 +166,8 @@ def tempered_risk(batch: Batch, *, betas, infinite: bool = False) -> TemperedRis
 
     the gated mixture of affine experts whose gate and slope one β cannot both set to
     those of :func:`known_centres_bayes` (:math:`\beta = 1/(\sigma_0^2 + \sigma^2)` in the
-    gate, :math:`\alpha\beta = 1/\sigma^2` in the slope).
+    gate; :math:`\alpha = \sigma^2/(\sigma_0^2 + \sigma^2)` and :math:`\beta = 1/\sigma^2` in
+    the experts).
 
     Args:
         batch: a :class:`gmlib.Batch` of :func:`clean_context_sampler`.
@@ -301,8 +302,9 @@ def clean_context_bayes(batch: Batch, *, labels) -> jax.Array:
         \begin{aligned}
         P(c = k \mid \tilde x, \cdot) &= \operatorname{softmax}_k
         \big(\log A(\|\eta_k\|) - \log A(\|S_k\|/\sigma_0^2)\big),\\
-        \mathbb E[x \mid \tilde x, \cdot] &= \frac{\sigma_0^2}{s}\,\tilde x + \frac{\sigma^2}{s}
-        \sum_k P(c = k \mid \tilde x, \cdot)\, (\log A)'(\|\eta_k\|)\,\frac{\eta_k}{\|\eta_k\|},
+        \mathbb E[x \mid \tilde x, \cdot] &= \frac{\sigma_0^2}{s}\,\tilde x\\
+        &\quad + \frac{\sigma^2}{s} \sum_k P(c = k \mid \tilde x, \cdot)\,
+        (\log A)'(\|\eta_k\|)\,\frac{\eta_k}{\|\eta_k\|},
         \end{aligned}
 
     with A the normalising constant of :func:`gmlib.lda.in_context_bayes` (its
