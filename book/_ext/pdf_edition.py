@@ -23,8 +23,9 @@ extension fixes each for the LaTeX builder only, and leaves the HTML build untou
 * **The Reference pages** (the parts of ``_toc.yml`` after the numbered chapters), which the
   site leaves unnumbered, are appendices A, B, ... rather than chapters counted on.
 * **Exercises and theorems** are numbered as on the site (Exercise 1.2, not 1.7.2).
-* **References to an exercise** from another page link to it (sphinx-exercise's LaTeX labels
-  lack the page's name).
+* **References to an exercise or a theorem** link to it: sphinx-exercise's LaTeX labels lack
+  the page's name, and sphinx-proof's name the page ``None`` for a theorem whose section is
+  not the page's first.
 * **The solutions** of the exercises (sphinx-exercise, in words or gated with their code
   cells) are left out of the PDF, as the book's introduction says: a printed chapter is a
   student's copy; the online edition keeps them folded under each exercise.
@@ -225,10 +226,12 @@ class ReferenceAsAppendices(SphinxPostTransform):
                 return
 
 
-class ExerciseTargets(SphinxPostTransform):
-    """A LaTeX label for each exercise under the name that references to it use
-    (``page:label``); sphinx-exercise labels it ``exercise:label`` only, so that a reference
-    from another page (the course's plans, book/course.md) would link nowhere."""
+class ReferenceTargets(SphinxPostTransform):
+    """A LaTeX label for each exercise and theorem under the name that references to it use
+    (``page:label``). sphinx-exercise labels an exercise ``exercise:label`` only, so that a
+    reference from another page (the course's plans, book/course.md) would link nowhere;
+    sphinx-proof labels a theorem ``None:label`` when its section is not the page's first
+    (it looks for the page's name on the nearest section, which has one only at the top)."""
 
     default_priority = 5
     formats = ("latex",)
@@ -236,7 +239,11 @@ class ExerciseTargets(SphinxPostTransform):
     def run(self, **kwargs) -> None:
         from sphinx_exercise.nodes import exercise_enumerable_node, exercise_node
 
-        for node in list(self.document.findall(lambda n: isinstance(n, (exercise_node, exercise_enumerable_node)))):
+        def labelled(n) -> bool:
+            return isinstance(n, (exercise_node, exercise_enumerable_node)) or (
+                type(n).__module__ == "sphinx_proof.nodes" and type(n).__name__ != "proof_node")
+
+        for node in list(self.document.findall(labelled)):
             if node.get("label") and node.parent is not None:
                 label = f"{docname_of(node, self.env)}:{node['label']}"
                 node.parent.insert(node.parent.index(node), nodes.raw(
@@ -300,7 +307,7 @@ def setup(app: Sphinx) -> dict:
     app.add_post_transform(AnimationStills)
     app.add_post_transform(OnlineLinks)
     app.add_post_transform(SiteNumbers)
-    app.add_post_transform(ExerciseTargets)
+    app.add_post_transform(ReferenceTargets)
     app.add_post_transform(LeaveOutSolutions)
     app.add_post_transform(ReferenceAsAppendices)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
