@@ -40,4 +40,4 @@ def test_the_smoke_selection_calls_every_public_callable():
     """`-m smoke` includes the contract test that calls each public callable of every public module once."""
     contract = (ROOT / "tests" / "test_contract.py").read_text()
     assert re.search(r"@pytest\.mark\.smoke\n(@[^\n]*\n)*def test_the_valid_call_runs\(", contract)
-    assert 'MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.train"]' in contract
+    assert 'MODULES = ["gmlib", "gmlib.plotting", "gmlib.lda", "gmlib.denoise", "gmlib.regression", "gmlib.train"]' in contract
