@@ -13,6 +13,9 @@ page with Playwright driving Debian's Chromium. Per page it checks that
   a formula the Markdown around it broke), and no displayed formula runs past the column in
   the 1400 px window (MathJax 3 does not break lines: a long one is cut off at the right, to
   be scrolled; split it with ``aligned``), and no table is wider than the column either;
+* no number in the prose or a table is in computer notation (``1.6e-05``: the book typesets
+  1.6 × 10⁻⁵), and no glued number is set in another weight than its sentence (myst-nb shows
+  glued text in bold; book/_static/gmlib.css sets it back);
 * no cell shows a bare value (an ``execute_result`` as plain text: ``np.float64(...)``,
   ``Array(...)``) or prints a bare number or a build-machine line;
 * the console shows no error and no script raises (page errors), except the two theme
@@ -82,6 +85,15 @@ BARE_PRINT = re.compile(r"^\s*(?:[-+]?\d[\d.,eE+-]*|(?:np\.\w+|Array)\(.*|.*\bcp
 def unrendered_tex(text: str) -> list[str]:
     """Snippets of ``text`` (a page's visible text, formulas and code left out) that hold TeX."""
     return [text[max(0, m.start() - 30):m.end() + 30].replace("\n", " ") for m in UNRENDERED_TEX.finditer(text)]
+
+
+#: A number in computer notation (1.6e-05, 2E+06): the book typesets 1.6 × 10⁻⁵ (gmlib.plotting.number).
+COMPUTER_NOTATION = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[eE][-+]?\d+(?![\w.])")
+
+
+def computer_notation(text: str) -> list[str]:
+    """Snippets of ``text`` (a page's prose, or its tables' text) with a number in computer notation."""
+    return [text[max(0, m.start() - 30):m.end() + 30].replace("\n", " ") for m in COMPUTER_NOTATION.finditer(text)]
 
 
 def bare_outputs(outputs: list[tuple[str, str]]) -> list[str]:
@@ -181,6 +193,9 @@ _PAGE_STATE = """async () => {
       .filter(i => !(i.id || '').startsWith('_anim_img') && !(i.currentSrc || i.src).endsWith('.svg'));
   return {
     text: prose.textContent,
+    tables: Array.from(main.querySelectorAll('table')).map(t => t.textContent).join(' '),
+    boldGlue: Array.from(main.querySelectorAll('span.pasted-text')).filter(g =>
+        getComputedStyle(g).fontWeight !== getComputedStyle(g.parentElement).fontWeight).map(g => g.textContent),
     wide: Array.from(main.querySelectorAll('mjx-container[display="true"]'))
         .filter(m => m.scrollWidth > m.clientWidth + 2)
         .map(m => [m.scrollWidth - m.clientWidth, m.textContent.slice(0, 60)])
@@ -284,6 +299,10 @@ def check_site(html: pathlib.Path, chromium: str, verbose=True) -> list[str]:
                                       f"{natural / 2:.0f} px: shrunk, its fonts fall under 9 pt")
                 for snippet in unrendered_tex(state["text"]):
                     errors.append(f"TeX left unrendered in the text: {snippet!r}")
+                for value in state["boldGlue"][:3]:
+                    errors.append(f"a glued number set apart from its sentence (bold): {value!r}")
+                for snippet in computer_notation(state["text"] + "\n" + state["tables"]):
+                    errors.append(f"a number in computer notation: {snippet!r}")
                 for extra, what in state["wide"]:
                     if what.startswith("table: "):
                         errors.append(f"table cut off: {extra} px wide, past the column: {what[7:]!r}")

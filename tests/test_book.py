@@ -109,10 +109,12 @@ def test_code_lines_fit_the_page(nb):
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
 def test_a_sentence_before_every_code_cell(nb):
-    """Each code cell follows a markdown cell, except the set-up cell right after the (hidden) install cell."""
-    kinds = [c.cell_type for c in jupytext.read(nb).cells]
+    """Each code cell shown open follows a markdown cell, except the set-up cell right after the
+    (hidden) install cell; a folded cell (a section's checks) needs no sentence about it."""
+    nb_cells = jupytext.read(nb).cells
+    kinds = [c.cell_type for c in nb_cells]
     code = [i for i, k in enumerate(kinds) if k == "code"]
-    bare = [i for i in code[2:] if kinds[i - 1] != "markdown"]
+    bare = [i for i in code[2:] if kinds[i - 1] != "markdown" and not _FOLDED & set(nb_cells[i].metadata.get("tags", []))]
     assert not bare, f"{nb.name}: code cells {bare} have no sentence before them"
 
 
@@ -168,8 +170,8 @@ MAX_OPEN_CELL = 30  # lines of a code cell shown open on the page
 _FOLDED = {"hide-input", "hide-cell", "remove-cell", "remove-input"}
 
 
-def open_cells_over(nb, limit=MAX_OPEN_CELL):
-    """``(index, lines)`` of the code cells shown open with more than ``limit`` lines.
+def open_code_cells(nb):
+    """``(index, source)`` of the code cells a reader sees open on the page.
 
     A cell is folded when tagged hide-input/hide-cell/remove-*, or when it sits inside a gated
     dropdown solution (between ``solution-start`` and ``solution-end``)."""
@@ -179,10 +181,24 @@ def open_cells_over(nb, limit=MAX_OPEN_CELL):
             starts, ends = c.source.rfind("{solution-start}"), c.source.rfind("{solution-end}")
             in_solution = starts > ends if starts != -1 or ends != -1 else in_solution
         elif not in_solution and not _FOLDED & set(c.metadata.get("tags", [])):
-            n = len(c.source.strip().splitlines())
-            if n > limit:
-                out.append((i, n))
+            out.append((i, c.source))
     return out
+
+
+def open_cells_over(nb, limit=MAX_OPEN_CELL):
+    """``(index, lines)`` of the code cells shown open with more than ``limit`` lines."""
+    sizes = [(i, len(src.strip().splitlines())) for i, src in open_code_cells(nb)]
+    return [(i, n) for i, n in sizes if n > limit]
+
+
+MAX_OPEN_ASSERTS = 5  # per chapter: an assert shown open is one that *is* the point
+
+
+def open_verification(nb):
+    """``(asserts, glue calls)`` in the cells shown open: the checks and the numbers the text
+    quotes belong in folded cells, the page shows the computation that makes the point."""
+    shown = "\n".join(src for _, src in open_code_cells(nb))
+    return len(re.findall(r"^\s*assert\b", shown, flags=re.M)), len(re.findall(r"\bglue\(", shown))
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
@@ -190,6 +206,49 @@ def test_no_code_cell_over_30_lines_is_shown_open(nb):
     """Plumbing goes into gmlib, presentation into a hide-input cell: the page shows short cells."""
     long = open_cells_over(nb)
     assert not long, f"{nb.name}: code cells (index, lines) {long} are shown open with over {MAX_OPEN_CELL} lines"
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+def test_checks_and_glue_are_folded(nb):
+    asserts, glued = open_verification(nb)
+    assert asserts <= MAX_OPEN_ASSERTS, f"{nb.name}: {asserts} asserts shown open (at most {MAX_OPEN_ASSERTS})"
+    assert not glued, f"{nb.name}: {glued} glue calls shown open; fold them into the section's checks cell"
+
+
+PRF_TITLE = re.compile(r"^```\{prf:(\w+)\} (.+)$", re.M)
+
+
+def bad_theorem_titles(text):
+    """The titles of ``{prf:...}`` boxes that do not read "Theorem 3.1 (name)": _config.yml's
+    ``proof_title_format`` writes a title right after its type word, so a title is a number
+    (with, at most, one name in parentheses or after a colon) or a name in parentheses."""
+    good = re.compile(r"^(?:(?:[A-C]|\d+)(?:\.\d+)+\b[^()]*(?:\([^()]*\))?[^()]*|\([^()]*\))$")
+    return [f"{kind}: {title}" for kind, title in PRF_TITLE.findall(text) if not good.match(title)]
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_theorem_titles_have_one_number_and_one_name(nb):
+    assert yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]["proof_title_format"] == " %t"
+    bad = bad_theorem_titles(nb.with_suffix(".md").read_text())
+    assert not bad, f"{nb.name}: titles {bad}"
+
+
+def test_the_theorem_title_check_can_fail():
+    text = "```{prf:theorem} 3.1 (effective landscape)\n```{prf:lemma} 3.2\n```{prf:remark} (a name)\n"
+    assert bad_theorem_titles(text) == []
+    text = "```{prf:proposition} 9.1 (9.1 (the book's: a layer))\n```{prf:proposition} A name\n"
+    assert len(bad_theorem_titles(text)) == 2
+
+
+def test_the_folded_checks_test_can_fail(tmp_path):
+    body = "x = 1\nassert x == 1\n_ = glue(\"x\", x)"
+    src = (BOOK / "template.md").read_text().replace("## Exercises", f"## Open\n\nA cell.\n\n```{{code-cell}} ipython3\n{body}\n```\n\n## Exercises", 1)
+    (tmp_path / "t.md").write_text(src)
+    before = open_verification(BOOK / "template.md")
+    assert open_verification(tmp_path / "t.md") == (before[0] + 1, before[1] + 1)
+    folded = src.replace(f"```{{code-cell}} ipython3\n{body}", f"```{{code-cell}} ipython3\n:tags: [hide-input]\n\n{body}")
+    (tmp_path / "t.md").write_text(folded)
+    assert open_verification(tmp_path / "t.md") == before
 
 
 def test_the_open_cell_check_can_fail(tmp_path):

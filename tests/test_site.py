@@ -40,6 +40,16 @@ def test_prose_is_not_tex(text):
     assert site_check.unrendered_tex(text) == []
 
 
+@pytest.mark.parametrize("text, found", [
+    ("an excess of 1.6e-05 at L = 16", ["1.6e-05"]),
+    ("a ratio of 2E+06, then 3e8", ["2E+06", "3e8"]),
+    ("typeset: 1.6 × 10⁻⁵, the Adam step 1 × 10⁻³, a file fig-e3.png, seed 1e, 0x1e5", []),
+])
+def test_computer_notation_is_found(text, found):
+    assert [snippet for snippet in found if any(snippet in s for s in site_check.computer_notation(text))] == found
+    assert len(site_check.computer_notation(text)) == len(found)
+
+
 def test_bare_outputs_are_found():
     outputs = [("text_plain", "np.float64(0.00059)"), ("stream", "excess 0.1 at L = 16\n45.82702461417883\n"),
                ("stream", "on 1 cpu device(s)\n"), ("stream", "Array([[0.75, 0.25]])"), ("other", "<table>")]
