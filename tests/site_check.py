@@ -93,7 +93,8 @@ COMPUTER_NOTATION = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[eE][-+]?\d+(?![\w.])")
 
 #: The pages for readers besides the chapters; the contributors' pages (the API reference, its
 #: docstrings' tolerances, the benchmarks) write numbers as code does.
-READER_PAGES = ("book/intro.html", "book/notation.html", "book/course.html", "book/bibliography.html")
+READER_PAGES = ("book/intro.html", "book/notation.html", "book/proofs.html", "book/course.html",
+                "book/bibliography.html")
 
 
 def computer_notation(text: str) -> list[str]:
