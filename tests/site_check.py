@@ -13,9 +13,10 @@ page with Playwright driving Debian's Chromium. Per page it checks that
   a formula the Markdown around it broke), and no displayed formula runs past the column in
   the 1400 px window (MathJax 3 does not break lines: a long one is cut off at the right, to
   be scrolled; split it with ``aligned``), and no table is wider than the column either;
-* no number in the prose or a table of a chapter or a reader's page (READER_PAGES) is in computer notation (``1.6e-05``: the book typesets
-  1.6 × 10⁻⁵), and no glued number is set in another weight than its sentence (myst-nb shows
-  glued text in bold; book/_static/gmlib.css sets it back);
+* no number in the prose or a table of a chapter or a reader's page (READER_PAGES) is in
+  computer notation (``1.6e-05``: the book typesets 1.6 × 10⁻⁵), and no glued number is set
+  in another weight than its sentence (myst-nb shows glued text in bold; book/_static/gmlib.css
+  sets it back);
 * no cell shows a bare value (an ``execute_result`` as plain text: ``np.float64(...)``,
   ``Array(...)``) or prints a bare number or a build-machine line;
 * the console shows no error and no script raises (page errors), except the two theme
